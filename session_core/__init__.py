@@ -1,0 +1,68 @@
+"""session_core: exact, resumable GLiNER2 training sessions over gliner2's native trainer.
+
+Planning (TrainingConfig, records, ManagedTrainingPlan, manifests) is torch-free and imported eagerly; the
+session, managed driver and weights helpers import torch and gliner2, and load on first attribute access.
+
+Exceptions (all in session_core.errors): SessionCoreError and its subclasses ConfigError, RecordError,
+ManifestError, PlanMismatchError, PrecisionError, CheckpointError, StateMismatchError, WeightsError,
+AdapterMismatchError, SessionStateError, TrainingNumericsError.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import TrainingConfig
+from .errors import (
+    AdapterMismatchError,
+    CheckpointError,
+    ConfigError,
+    ManifestError,
+    PlanMismatchError,
+    PrecisionError,
+    RecordError,
+    SessionCoreError,
+    SessionStateError,
+    StateMismatchError,
+    TrainingNumericsError,
+    WeightsError,
+)
+from .plan import ManagedTrainingPlan, PlanBatch
+
+_LAZY = {
+    "TrainingSession": ("session_core.session", "TrainingSession"),
+    "ManagedTraining": ("session_core.managed", "ManagedTraining"),
+    "load_exported_model": ("session_core.weights", "load_exported_model"),
+}
+
+__all__ = [
+    "AdapterMismatchError",
+    "CheckpointError",
+    "ConfigError",
+    "ManagedTraining",
+    "ManagedTrainingPlan",
+    "ManifestError",
+    "PlanBatch",
+    "PlanMismatchError",
+    "PrecisionError",
+    "RecordError",
+    "SessionCoreError",
+    "SessionStateError",
+    "StateMismatchError",
+    "TrainingConfig",
+    "TrainingNumericsError",
+    "TrainingSession",
+    "WeightsError",
+    "load_exported_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'session_core' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value
+    return value

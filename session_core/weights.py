@@ -1,0 +1,284 @@
+"""Weights in and out of a session: load_weights (validated copy into live parameters) and export_weights.
+
+load_weights accepts a native gliner2 model directory (single `model.safetensors` or sharded
+`model.safetensors.index.json`), a PEFT adapter directory (`adapter_config.json`), or a complete session
+checkpoint (weights only). Every tensor is checked (names, shapes, dtype, finiteness) before the first copy, so a
+rejected load leaves the session untouched. Only lossless dtype conversions (to a wider float) are allowed.
+
+export_weights writes a native model directory that `gliner2.AutoExtractor.from_pretrained` loads. For a LoRA
+session that directory holds the frozen base model, `adapter/` holds the PEFT adapter (base + adapter predicts
+exactly like the live model; see `load_exported_model`), and `merged/` (on request) a merged full model. Exports are
+built from detached copies; live weights, optimizer state and RNG streams are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+import safetensors.torch
+import torch
+
+from .checkpoint import INDEX_FILE, read_checkpoint
+from .engine import unwrap, validate_adapter_config
+from .errors import AdapterMismatchError, WeightsError
+from .state import base_weights, bytes_to_tensors, canonical_name, tensors_digest
+
+if TYPE_CHECKING:
+    from .session import TrainingSession
+
+EXPORT_FILE = "export.json"
+_WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
+             (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
+
+
+# ---- load ----------------------------------------------------------------------------------------------------
+
+
+def load_weights(session: TrainingSession, uri: str) -> dict[str, Any]:
+    """Validate and copy weights from `uri` into the session's parameters; returns a provenance report."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    path = path.rstrip("/")
+    if not fs.isdir(path):
+        raise WeightsError(f"load_weights: {uri} is not a directory; pass a model, adapter or checkpoint directory")
+    names = {p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
+    if INDEX_FILE in names:
+        return _load_from_checkpoint(session, uri)
+    if "adapter_config.json" in names:
+        return _load_adapter(session, fs, path, uri)
+    if "config.json" in names and ({"model.safetensors", "model.safetensors.index.json"} & names):
+        return _load_native(session, fs, path, uri)
+    raise WeightsError(
+        f"load_weights: {uri} holds none of checkpoint.json (session checkpoint), adapter_config.json (PEFT "
+        "adapter) or config.json + model.safetensors[.index.json] (native model); found "
+        f"{sorted(names)[:10]}. Pickled *.bin weights are not accepted"
+    )
+
+
+def _load_native(session: TrainingSession, fs: Any, path: str, uri: str) -> dict[str, Any]:
+    config = json.loads(fs.cat_file(f"{path}/config.json"))
+    architecture = config.get("architecture", "span")
+    if architecture != session.architecture:
+        raise WeightsError(f"{uri} is a {architecture!r} model; this session trains a {session.architecture!r} model")
+    tensors = _read_native_tensors(fs, path, uri)
+    _copy_base(session, tensors, uri)
+    return {"kind": "native", "uri": uri, "weights_sha256": tensors_digest(tensors.items())}
+
+
+def _read_native_tensors(fs: Any, path: str, uri: str) -> dict[str, torch.Tensor]:
+    index_path = f"{path}/model.safetensors.index.json"
+    if not fs.exists(index_path):
+        return _safetensors(fs, f"{path}/model.safetensors", uri)
+    index = json.loads(fs.cat_file(index_path))
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightsError(f"{index_path} has no weight_map; the sharded model index is damaged")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if "/" in shard or shard.startswith("."):
+            raise WeightsError(f"{index_path} names an invalid shard {shard!r}")
+        loaded = _safetensors(fs, f"{path}/{shard}", uri)
+        for name, tensor in loaded.items():
+            if weight_map.get(name) != shard:
+                raise WeightsError(f"shard {shard} holds {name}, which the index maps to {weight_map.get(name)!r}")
+            tensors[name] = tensor
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise WeightsError(f"sharded model {uri} is missing tensors listed in its index: {missing[:5]}")
+    return tensors
+
+
+def _safetensors(fs: Any, file_path: str, uri: str) -> dict[str, torch.Tensor]:
+    if not fs.exists(file_path):
+        raise WeightsError(f"{uri}: {file_path.rsplit('/', 1)[-1]} is missing")
+    try:
+        return safetensors.torch.load(fs.cat_file(file_path))
+    except Exception as exc:
+        raise WeightsError(f"{file_path} is not a valid safetensors file ({exc})") from exc
+
+
+def _load_adapter(session: TrainingSession, fs: Any, path: str, uri: str) -> dict[str, Any]:
+    from peft.utils import get_peft_model_state_dict
+
+    if not session.is_lora:
+        raise WeightsError(f"{uri} is a PEFT adapter but this session trains full weights; set use_lora=True")
+    adapter_config = json.loads(fs.cat_file(f"{path}/adapter_config.json"))
+    validate_adapter_config(session.model, session.engine.config, adapter_config, source=uri)
+    tensors = _safetensors(fs, f"{path}/adapter_model.safetensors", uri)
+    live = get_peft_model_state_dict(session.model, adapter_name="default")
+    _check_and_copy(live, tensors, uri)
+    return {
+        "kind": "adapter",
+        "uri": uri,
+        "adapter_sha256": tensors_digest(tensors.items()),
+        "declared_base_model": adapter_config.get("base_model_name_or_path"),
+        "base_model_hash": session.provenance["base_model_hash"],
+        "note": "PEFT adapters do not record their base weights; verify the base model's provenance yourself",
+    }
+
+
+def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
+    checkpoint = read_checkpoint(uri)
+    meta = checkpoint.meta
+    saved_lora = bool(meta.get("config", {}).get("use_lora"))
+    tensors = bytes_to_tensors(checkpoint.require("weights.safetensors"), "weights.safetensors")
+    architecture = meta.get("compat", {}).get("model", {}).get("architecture")
+    if architecture != session.architecture:
+        raise WeightsError(f"{uri} holds a {architecture!r} model; this session trains a {session.architecture!r} model")
+    if saved_lora and not session.is_lora:
+        raise WeightsError(
+            f"{uri} holds only a LoRA adapter; export it with merged=True and load the merged model for full training"
+        )
+    if saved_lora:
+        saved_base = meta.get("compat", {}).get("base_model_hash")
+        if saved_base != session.provenance["base_model_hash"]:
+            raise AdapterMismatchError(
+                f"the adapter in {uri} was trained on base weights {str(saved_base)[:12]}, this session's base is "
+                f"{session.provenance['base_model_hash'][:12]}; load the same base model first"
+            )
+        live = {n: p for n, p in session.model.named_parameters() if p.requires_grad}
+        _check_and_copy(live, tensors, uri)
+    else:
+        _copy_base(session, {canonical_name(n): t for n, t in tensors.items()}, uri)
+    return {"kind": "checkpoint", "uri": uri, "step": meta.get("step"), "weights_sha256": tensors_digest(tensors.items())}
+
+
+def _copy_base(session: TrainingSession, tensors: Mapping[str, torch.Tensor], uri: str) -> None:
+    """Copy full/base weights: all of them for full training, the frozen base under a LoRA adapter."""
+    live = {canonical_name(n): t for n, t in session.model.state_dict().items() if "lora_" not in n}
+    _check_and_copy(live, tensors, uri)
+    if session.is_lora:
+        session.provenance["base_model_hash"] = tensors_digest(base_weights(session.model))
+
+
+def _check_and_copy(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], uri: str) -> None:
+    missing, unexpected = sorted(set(live) - set(tensors)), sorted(set(tensors) - set(live))
+    problems = [f"missing {len(missing)} tensor(s) e.g. {missing[:3]}"] if missing else []
+    problems += [f"{len(unexpected)} unexpected tensor(s) e.g. {unexpected[:3]}"] if unexpected else []
+    for name in sorted(set(live) & set(tensors)):
+        have, want = tensors[name], live[name]
+        if have.shape != want.shape:
+            problems.append(f"{name}: shape {tuple(have.shape)} != model {tuple(want.shape)}")
+        elif have.dtype != want.dtype and (have.dtype, want.dtype) not in _WIDENING:
+            problems.append(f"{name}: dtype {have.dtype} cannot be loaded losslessly into {want.dtype}")
+        elif have.is_floating_point() and not bool(torch.isfinite(have).all()):
+            problems.append(f"{name}: contains non-finite values")
+    if problems:
+        raise WeightsError(
+            f"load_weights refused {uri} (nothing was copied): " + "; ".join(problems[:6])
+            + (f" (and {len(problems) - 6} more)" if len(problems) > 6 else "")
+            + ". Pass weights saved from the same model architecture and size"
+        )
+    with torch.no_grad():
+        for name, target in live.items():
+            target.copy_(tensors[name].to(device=target.device, dtype=target.dtype))
+
+
+# ---- export --------------------------------------------------------------------------------------------------
+
+
+def export_weights(session: TrainingSession, uri: str, *, merged: bool = False,
+                   state: Mapping[str, torch.Tensor] | None = None, label: str = "final") -> dict[str, Any]:
+    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds)."""
+    if merged and not session.is_lora:
+        raise WeightsError("merged=True applies to LoRA sessions only; a full-weight export is already merged")
+    info = {"label": label, "step": session.step, "architecture": session.architecture, "lora": session.is_lora,
+            "base_model_hash": session.provenance["base_model_hash"], "merged": merged}
+    with _staging(uri) as staging:
+        if not session.is_lora and state is None:
+            unwrap(session.model).save_pretrained(str(staging))
+        else:
+            copy = session.engine.detached_model_copy(state)
+            try:
+                _export_copy(copy, staging, merged=merged, lora=session.is_lora)
+            finally:
+                del copy
+        info["weights_sha256"] = tensors_digest(safetensors.torch.load_file(str(staging / "model.safetensors")).items())
+        (staging / EXPORT_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
+    info["uri"] = uri
+    return info
+
+
+def _export_copy(copy: torch.nn.Module, staging: Path, *, merged: bool, lora: bool) -> None:
+    if not lora:
+        unwrap(copy).save_pretrained(str(staging))
+        return
+    copy.save_pretrained(str(staging / "adapter"))
+    if merged:
+        import copy as copy_mod
+
+        merged_model = copy_mod.deepcopy(copy).merge_and_unload()
+        merged_model.save_pretrained(str(staging / "merged"))
+        del merged_model
+    copy.unload().save_pretrained(str(staging))
+
+
+class _staging:
+    """A local directory that becomes `uri` on success (rename on local storage, upload elsewhere)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.fs, self.path = fsspec.core.url_to_fs(uri)
+        self.path = self.path.rstrip("/")
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    def __enter__(self) -> Path:
+        if self.fs.exists(self.path) and (not self.fs.isdir(self.path) or self.fs.ls(self.path)):
+            raise WeightsError(f"export destination {self.uri} already exists and is not empty; choose a new location")
+        if self.local:
+            parent = os.path.dirname(os.path.abspath(self.path)) or "."
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            self.dir = Path(parent) / f".{os.path.basename(self.path)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+            self.dir.mkdir(mode=0o700)
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="export-"))
+        return self.dir
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        try:
+            if exc_type is not None:
+                return
+            if self.local:
+                if os.path.isdir(self.path):
+                    os.rmdir(self.path)
+                os.rename(self.dir, self.path)
+            else:
+                marker = self.dir / EXPORT_FILE
+                payload = marker.read_bytes()
+                marker.unlink()
+                self.fs.put(str(self.dir), self.path, recursive=True)
+                with self.fs.open(f"{self.path}/{EXPORT_FILE}", "wb") as handle:
+                    handle.write(payload)
+        finally:
+            if self.dir.exists():
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> Any:
+    """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one."""
+    from gliner2 import AutoExtractor
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    local = _local_copy(fs, path.rstrip("/"))
+    model = AutoExtractor.from_pretrained(str(local), **kwargs)
+    adapter = local / "adapter"
+    if adapter.is_dir():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+    return model
+
+
+def _local_copy(fs: Any, path: str) -> Path:
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return Path(path)
+    target = Path(tempfile.mkdtemp(prefix="model-"))
+    fs.get(path, str(target), recursive=True)
+    return target
