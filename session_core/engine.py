@@ -464,9 +464,25 @@ def expected_targets(model: torch.nn.Module, config: NativeTrainingConfig) -> li
     """gliner2's resolved LoRA target paths for the configured groups, on a plain or PEFT-injected model."""
     from gliner2.training.lora import _resolve_targets
 
-    resolved = _resolve_targets(unwrap(model), list(config.lora_target_modules))
-    names = {name[: -len(".base_layer")] if name.endswith(".base_layer") else name for name in resolved if ".lora_" not in name}
-    return sorted(names)
+    return sorted(_resolve_targets(_PlainView(unwrap(model)), list(config.lora_target_modules)))
+
+
+class _PlainView:
+    """A PEFT-injected model's modules as the plain model had them, for gliner2's own target resolution."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def named_modules(self) -> Iterator[tuple[str, torch.nn.Module]]:
+        from peft.tuners.lora.layer import LoraLayer
+
+        for name, module in self._model.named_modules():
+            if ".lora_" in name or name.endswith(".base_layer") or ".base_layer." in name:
+                continue
+            yield name, (module.get_base_layer() if isinstance(module, LoraLayer) else module)
 
 
 def _num(value: Any) -> float | None:

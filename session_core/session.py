@@ -105,6 +105,11 @@ class TrainingSession:
         return self._pending
 
     @property
+    def is_fresh(self) -> bool:
+        """True until the first forward_backward, optim_step, load_state or load_weights."""
+        return self._fresh
+
+    @property
     def samples_seen(self) -> int:
         return self._samples
 

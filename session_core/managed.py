@@ -1,0 +1,306 @@
+"""ManagedTraining: run a ManagedTrainingPlan through a session's public operations, with validation,
+best-checkpoint selection, early stopping and exact managed checkpoints.
+
+The driver is the plan's own contract and nothing more: for each batch i, `session.forward_backward(plan.batch(i))`,
+then `session.optim_step()` iff `plan.is_update(i)`; after a validation batch, the eval loss of the validation
+examples via `session.forward` (no RNG draw, no mode leak, no file written). So a managed run equals a caller's
+own loop bit for bit. Selection and early stopping follow gliner2's native semantics: a validation is "best" when
+strictly better than the best so far; early stopping counts validations that do not beat the previous best by
+more than `early_stopping_threshold` and stops once `early_stopping_patience` such validations follow each other.
+
+A managed checkpoint is a session checkpoint plus `managed.json` (plan fingerprint, cursor, validation state,
+histories, early-stopping counters) and `best.safetensors` (the detached CPU copy of the best weights). Training
+history entries hold no wall-clock fields, so an interrupted and resumed run has the same history bit for bit;
+timings live in the result summary only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .checkpoint import read_checkpoint, write_checkpoint
+from .errors import ConfigError, PlanMismatchError, SessionStateError
+from .pairs import to_pairs
+from .plan import ManagedTrainingPlan
+from .session import TrainingSession
+from .state import bytes_to_tensors, tensors_to_bytes
+from .weights import export_weights
+
+MANAGED_KIND = "managed"
+MANAGED_FILE = "managed.json"
+BEST_FILE = "best.safetensors"
+EVAL_KEYS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")
+StepCallback = Callable[[int, dict[str, Any]], None]
+
+
+class ManagedTraining:
+    """The managed driver (see module docstring). One instance drives one session through one plan."""
+
+    def __init__(self, session: TrainingSession, plan: ManagedTrainingPlan, eval_examples: Any = None) -> None:
+        if session.max_steps != plan.max_steps:
+            raise PlanMismatchError(
+                f"session max_steps {session.max_steps} != plan.max_steps {plan.max_steps}; create the session with "
+                "TrainingSession(model, config, max_steps=plan.max_steps)"
+            )
+        if session.architecture != plan.architecture:
+            raise PlanMismatchError(f"the plan is for a {plan.architecture!r} model, the session trains {session.architecture!r}")
+        self.session = session
+        self.plan = plan
+        self.config = session.config
+        self._eval_batches = _eval_batches(eval_examples, self.config.eval_batch_size)
+        self._eval_hash = _records_hash(self._eval_batches)
+        self._check_selection()
+        self.cursor = 0
+        self.validation_due = False
+        self.stopped_early = False
+        self.best_metric: float | None = None
+        self.best_step: int | None = None
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.patience_counter = 0
+        self.train_metrics_history: list[dict[str, Any]] = []
+        self.eval_metrics_history: list[dict[str, Any]] = []
+        self._window_loss = 0.0
+        self._elapsed = 0.0
+        self._samples = 0
+
+    # ---- progress ---------------------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """True when the plan is exhausted (and its last validation done) or early stopping fired."""
+        return self.stopped_early or (self.cursor >= self.plan.batch_count and not self.validation_due)
+
+    def run(self, on_step: StepCallback | None = None, *, until: int | None = None) -> dict[str, Any]:
+        """Train to the end of the plan (or early stop, or batch index `until`); returns the native summary."""
+        stop = self.plan.batch_count if until is None else min(until, self.plan.batch_count)
+        while not self.stopped_early:
+            if self.validation_due:
+                metrics = self.validate()
+                if on_step is not None:
+                    on_step(self.session.step, metrics)
+                continue
+            if self.cursor >= stop:
+                break
+            metrics = self.train_batch()
+            if metrics is not None and on_step is not None:
+                on_step(self.session.step, metrics)
+        return self.result()
+
+    def train_batch(self) -> dict[str, Any] | None:
+        """Run the batch at the cursor (and its update); returns the update's metrics, else None."""
+        if self.stopped_early or self.cursor >= self.plan.batch_count:
+            raise SessionStateError("the managed run is finished; nothing left to train")
+        if self.validation_due:
+            raise SessionStateError(f"validation after batch {self.cursor - 1} is due; call validate() first")
+        started = time.perf_counter()
+        index = self.cursor
+        batch = self.plan.batch(index)
+        loss = self.session.forward_backward(batch)
+        self._window_loss += loss
+        self._samples += len(batch.rows)
+        metrics = None
+        if self.plan.is_update(index):
+            metrics = self._after_update(index, self.session.optim_step())
+        self.cursor = index + 1
+        self.validation_due = bool(self.plan.is_validation(index)) and bool(self._eval_batches)
+        self._elapsed += time.perf_counter() - started
+        return metrics
+
+    def _after_update(self, index: int, step_metrics: dict[str, float]) -> dict[str, Any] | None:
+        step = int(step_metrics["step"])
+        if step % self.config.logging_steps != 0:
+            return None
+        entry = {
+            "loss": self._window_loss / max(self.config.logging_steps, 1),
+            "classification_loss": step_metrics.get("classification_loss", 0.0),
+            "structure_loss": step_metrics.get("structure_loss", 0.0),
+            "count_loss": step_metrics.get("count_loss", 0.0),
+            "learning_rate": step_metrics["learning_rate"],
+            "grad_norm": step_metrics["grad_norm"],
+            "epoch": self.plan.epoch(index) + (index % self.plan.batches_per_epoch) / self.plan.batches_per_epoch,
+            "step": step,
+            "batch": index,
+            "samples_seen": self.session.samples_seen,
+        }
+        self._window_loss = 0.0
+        self.train_metrics_history.append(entry)
+        return entry
+
+    def validate(self) -> dict[str, Any]:
+        """Validation at a due boundary: native eval loss, best selection, early stopping."""
+        if not self.validation_due:
+            raise SessionStateError("no validation is due at this cursor")
+        started = time.perf_counter()
+        totals = dict.fromkeys(EVAL_KEYS, 0.0)
+        for batch in self._eval_batches:
+            losses = self.session.forward(batch, return_components=True)
+            for key in EVAL_KEYS:
+                totals[key] += losses[key.replace("eval_", "")]
+        count = len(self._eval_batches)
+        metrics: dict[str, Any] = {key: value / count for key, value in totals.items()}
+        metrics.update(step=self.session.step, epoch=self.plan.epoch(self.cursor - 1), batch=self.cursor - 1)
+        self.eval_metrics_history.append(metrics)
+        self._select(metrics)
+        self.validation_due = False
+        self._elapsed += time.perf_counter() - started
+        return metrics
+
+    def _select(self, metrics: dict[str, Any]) -> None:
+        value = float(metrics[self.config.metric_for_best])
+        greater = bool(self.config.greater_is_better)
+        previous = self.best_metric
+        if previous is None or (value > previous if greater else value < previous):
+            self.best_metric, self.best_step = value, self.session.step
+            if self.config.save_best:
+                self.best_state = self._detached_weights()
+        if not self.config.early_stopping:
+            return
+        threshold = float(self.config.early_stopping_threshold)
+        reference = previous if previous is not None else (-math.inf if greater else math.inf)
+        improved = value > reference + threshold if greater else value < reference - threshold
+        self.patience_counter = 0 if improved else self.patience_counter + 1
+        if self.patience_counter >= self.config.early_stopping_patience:
+            self.stopped_early = True
+
+    def _detached_weights(self) -> dict[str, torch.Tensor]:
+        model = self.session.model
+        if self.session.is_lora:
+            items = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        else:
+            items = dict(model.state_dict())
+        return {n: t.detach().to("cpu", copy=True) for n, t in items.items()}
+
+    def result(self) -> dict[str, Any]:
+        """gliner2's native summary keys (plus where the run stands)."""
+        last = min(self.cursor, self.plan.batch_count) - 1
+        greater = bool(self.config.greater_is_better)
+        best = self.best_metric if self.best_metric is not None else (-math.inf if greater else math.inf)
+        return {
+            "total_steps": self.session.step,
+            "total_epochs": (self.plan.epoch(last) + 1) if last >= 0 else 0,
+            "total_time_seconds": self._elapsed,
+            "samples_per_second": self._samples / self._elapsed if self._elapsed > 0 else 0.0,
+            "best_metric": best,
+            "best_step": self.best_step,
+            "train_metrics_history": list(self.train_metrics_history),
+            "eval_metrics_history": list(self.eval_metrics_history),
+            "stopped_early": self.stopped_early,
+            "cursor": self.cursor,
+            "plan_fingerprint": self.plan.fingerprint,
+        }
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+
+    def save_state(self, uri: str) -> str:
+        """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights."""
+        files, meta = self.session.state_payload()
+        files[MANAGED_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
+        if self.best_state is not None:
+            files[BEST_FILE] = tensors_to_bytes(self.best_state)
+        meta.update(kind=MANAGED_KIND, plan_fingerprint=self.plan.fingerprint, cursor=self.cursor,
+                    validation_due=self.validation_due, finished=self.finished)
+        return write_checkpoint(uri, files, meta)
+
+    def load_state(self, uri: str) -> dict[str, Any]:
+        """Continue a managed run from its checkpoint; needs a fresh session and the same plan."""
+        checkpoint = read_checkpoint(uri)
+        if checkpoint.meta.get("kind") != MANAGED_KIND:
+            raise PlanMismatchError(f"{uri} is a plain session checkpoint; use TrainingSession.load_state for it")
+        state = json.loads(checkpoint.require(MANAGED_FILE))
+        saved = state["plan_fingerprint"]
+        if saved != self.plan.fingerprint:
+            raise PlanMismatchError(
+                f"checkpoint plan {saved[:12]} != requested plan {self.plan.fingerprint[:12]}: the micro-batch plan "
+                "changed (data, config or architecture). Resume with the original manifest, or start a new run "
+                "(new run key / output) with load_weights to warm-start from this checkpoint"
+            )
+        if state["eval_hash"] != self._eval_hash:
+            raise PlanMismatchError("the validation examples differ from the checkpoint's run; pass the original ones")
+        if not self.session.is_fresh:
+            raise SessionStateError("ManagedTraining.load_state needs a fresh session")
+        self.session.restore_payload(checkpoint)
+        self._load_managed_state(state)
+        best = checkpoint.files.get(BEST_FILE)
+        self.best_state = bytes_to_tensors(best, BEST_FILE) if best is not None else None
+        return checkpoint.meta
+
+    def _managed_state(self) -> dict[str, Any]:
+        return {
+            "plan_fingerprint": self.plan.fingerprint,
+            "eval_hash": self._eval_hash,
+            "cursor": self.cursor,
+            "validation_due": self.validation_due,
+            "stopped_early": self.stopped_early,
+            "best_metric": self.best_metric,
+            "best_step": self.best_step,
+            "patience_counter": self.patience_counter,
+            "window_loss": self._window_loss,
+            "train_metrics_history": self.train_metrics_history,
+            "eval_metrics_history": self.eval_metrics_history,
+            "elapsed": self._elapsed,
+            "samples": self._samples,
+        }
+
+    def _load_managed_state(self, state: dict[str, Any]) -> None:
+        self.cursor = int(state["cursor"])
+        self.validation_due = bool(state["validation_due"])
+        self.stopped_early = bool(state["stopped_early"])
+        self.best_metric = state["best_metric"]
+        self.best_step = state["best_step"]
+        self.patience_counter = int(state["patience_counter"])
+        self._window_loss = float(state["window_loss"])
+        self.train_metrics_history = list(state["train_metrics_history"])
+        self.eval_metrics_history = list(state["eval_metrics_history"])
+        self._elapsed = float(state["elapsed"])
+        self._samples = int(state["samples"])
+
+    # ---- export -----------------------------------------------------------------------------------------------
+
+    def export_weights(self, uri: str, *, which: str = "best", merged: bool = False) -> dict[str, Any]:
+        """Export the best model (default, when validation selected one) or the final model."""
+        if which not in ("best", "final"):
+            raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
+        if which == "best" and self.best_state is not None:
+            return export_weights(self.session, uri, merged=merged, state=self.best_state, label="best")
+        return self.session.export_weights(uri, merged=merged)
+
+    def close(self) -> None:
+        self.best_state = None
+        self.session.close()
+
+    def __enter__(self) -> ManagedTraining:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_selection(self) -> None:
+        metric = self.config.metric_for_best
+        if metric not in EVAL_KEYS:
+            raise ConfigError(f"metric_for_best={metric!r} is not computed by the managed driver; use one of {EVAL_KEYS}")
+        if self.config.early_stopping and not self._eval_batches:
+            raise ConfigError("early_stopping=True needs eval_examples; pass validation records or disable early stopping")
+
+
+def _eval_batches(examples: Any, batch_size: int) -> list[list[tuple[str, dict[str, Any]]]]:
+    if examples is None:
+        return []
+    records = getattr(examples, "records", examples)
+    pairs = to_pairs(list(records)) if len(records) else []
+    return [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
+
+
+def _records_hash(batches: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> str:
+    digest = hashlib.sha256()
+    for batch in batches:
+        for text, output in batch:
+            digest.update(json.dumps([text, output], sort_keys=True, ensure_ascii=False).encode())
+            digest.update(b"\n")
+    return digest.hexdigest()

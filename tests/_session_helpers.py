@@ -1,0 +1,102 @@
+"""Shared fixtures for session tests: tiny configs, plans, direct loops, snapshots and bitwise comparisons."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from session_core import ManagedTrainingPlan, TrainingConfig
+from session_core.tiny import build_tiny_model, tiny_records
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [("span", False), ("span", True), ("boundary", False), ("boundary", True)]
+CASE_IDS = [f"{a}-{'lora' if lora else 'full'}" for a, lora in CASES]
+
+
+def make_config(architecture: str, lora: bool, **overrides: Any) -> TrainingConfig:
+    values: dict[str, Any] = dict(
+        output_dir="unused",
+        fp16=False,
+        bf16=False,
+        batch_size=2,
+        gradient_accumulation_steps=3,
+        num_epochs=2,
+        eval_strategy="no",
+        seed=11,
+        encoder_lr=1e-3,
+        task_lr=2e-3,
+        warmup_ratio=0.2,
+        use_lora=lora,
+        lora_r=4,
+        lora_alpha=8.0,
+        lora_dropout=0.1 if lora else 0.0,
+    )
+    values.update(overrides)
+    return TrainingConfig(**values)
+
+
+def make_model(architecture: str, directory: str | None = None) -> Any:
+    return build_tiny_model(architecture, seed=3, dropout=0.1, directory=directory)
+
+
+def train_records(n: int = 9) -> list[dict[str, Any]]:
+    return tiny_records(n, seed=5)
+
+
+def eval_records(n: int = 4) -> list[dict[str, Any]]:
+    return tiny_records(n, seed=99)
+
+
+def make_plan(architecture: str, config: TrainingConfig, n: int = 9) -> ManagedTrainingPlan:
+    return ManagedTrainingPlan(train_records(n), config, architecture=architecture)
+
+
+def run_direct(session: Any, plan: ManagedTrainingPlan, start: int = 0, stop: int | None = None) -> list[float]:
+    """The caller's own loop: forward_backward(plan.batch(i)), then optim_step() iff plan.is_update(i)."""
+    losses = []
+    for i in range(start, plan.batch_count if stop is None else stop):
+        losses.append(session.forward_backward(plan.batch(i)))
+        if plan.is_update(i):
+            session.optim_step()
+    return losses
+
+
+def snapshot(session: Any) -> dict[str, torch.Tensor]:
+    """Every parameter, every optimizer tensor and every pending gradient, as CPU copies."""
+    out: dict[str, torch.Tensor] = {}
+    for name, parameter in session.model.named_parameters():
+        out[f"param/{name}"] = parameter.detach().cpu().clone()
+        if parameter.grad is not None:
+            out[f"grad/{name}"] = parameter.grad.detach().cpu().clone()
+    for pid, state in session.engine.optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                out[f"optim/{pid}/{key}"] = value.detach().cpu().clone()
+    return out
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b), f"different tensor sets: {sorted(set(a) ^ set(b))[:5]}"
+    differing = [k for k in a if a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
+    assert not differing, f"{len(differing)} tensors differ, e.g. {differing[:5]}"
+
+
+def run_child(script: str, args: dict[str, Any], timeout: int = 300) -> dict[str, Any]:
+    """Run `tests/<script>` in a fresh interpreter with JSON args; returns its JSON result."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="123")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / script), json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(ROOT),
+    )
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
