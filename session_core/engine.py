@@ -288,7 +288,7 @@ class SessionEngine(ExtractorTrainer):
         return {key: _scalar(outputs.get(key)) for key in LOSS_KEYS if key != "total_loss"}
 
     def apply_schedule_state(self) -> None:
-        """Re-derive the boundary head's schedule scalars from the counters, as `_backward_one` does."""
+        """Derive the boundary head's schedule scalars from the counters, as `_backward_one` does before a forward."""
         head = getattr(unwrap(self.model), "boundary_head", None)
         if head is None:
             return
@@ -319,6 +319,15 @@ class SessionEngine(ExtractorTrainer):
             )
             if hasattr(head, attr)
         }
+
+    def load_schedule_state(self, values: dict[str, float]) -> None:
+        """Put back the exact scalars the last micro-batch used (they lag the step counter by one update)."""
+        head = getattr(unwrap(self.model), "boundary_head", None)
+        if head is None or not values:
+            return
+        head.set_gold_injection_prob(values["gold_injection_prob"])
+        head.set_consistency_scale(values["consistency_scale"])
+        head.set_soft_iou_scale(values["soft_iou_scale"])
 
     def counters(self) -> dict[str, Any]:
         return {

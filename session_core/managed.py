@@ -36,7 +36,9 @@ from .weights import export_weights
 MANAGED_KIND = "managed"
 MANAGED_FILE = "managed.json"
 BEST_FILE = "best.safetensors"
-EVAL_KEYS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")
+EVAL_SOURCES = {"eval_loss": "total_loss", "eval_classification_loss": "classification_loss",
+                "eval_structure_loss": "structure_loss", "eval_count_loss": "count_loss"}
+EVAL_KEYS = tuple(EVAL_SOURCES)
 StepCallback = Callable[[int, dict[str, Any]], None]
 
 
@@ -142,7 +144,7 @@ class ManagedTraining:
         for batch in self._eval_batches:
             losses = self.session.forward(batch, return_components=True)
             for key in EVAL_KEYS:
-                totals[key] += losses[key.replace("eval_", "")]
+                totals[key] += losses[EVAL_SOURCES[key]]
         count = len(self._eval_batches)
         metrics: dict[str, Any] = {key: value / count for key, value in totals.items()}
         metrics.update(step=self.session.step, epoch=self.plan.epoch(self.cursor - 1), batch=self.cursor - 1)

@@ -11,7 +11,8 @@ Pair = tuple[str, dict[str, Any]]
 
 
 def to_pairs(batch: Any) -> list[Pair]:
-    """Accept a PlanBatch (anything with `.examples`), or a sequence of native records / InputExample-likes."""
+    """Accept a PlanBatch (anything with `.examples`), or a sequence of native records, InputExample-likes or
+    (text, output) pairs."""
     items = getattr(batch, "examples", batch)
     if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
         raise RecordError(
@@ -25,7 +26,9 @@ def to_pairs(batch: Any) -> list[Pair]:
 
 def _pair(item: Any, row: int) -> Pair:
     record = item
-    if not isinstance(record, Mapping):
+    if isinstance(item, tuple) and len(item) == 2:
+        record = {"input": item[0], "output": item[1]}
+    elif not isinstance(record, Mapping):
         to_dict = getattr(record, "to_dict", None)
         if not callable(to_dict):
             raise RecordError(f"batch row {row}: expected a record dict or InputExample, got {type(item).__name__}")

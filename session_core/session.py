@@ -298,6 +298,7 @@ class TrainingSession:
             engine.scaler.load_state_dict(scaler_state)
             restore_grads(engine.model.named_parameters(), grads)
             engine.load_counters(state["counters"])
+            engine.load_schedule_state(state["schedule_state"])
             self._pending = int(state["pending_micro_batches"])
             self._micro_batches = int(state["micro_batches"])
             self._samples = int(state["samples_seen"])

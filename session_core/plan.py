@@ -1,0 +1,388 @@
+"""Content-addressed training plan: which rows form each batch, and where updates, epochs and validations fall.
+
+Algorithm, version ``PLAN_ALGORITHM_VERSION = 1`` (any change to it must bump the version):
+
+Random stream. ``random_keys(seed, epoch, purpose, count)`` returns ``count`` unsigned 64-bit keys: key ``j`` is
+bytes ``[8j, 8j + 8)``, read little-endian, of SHAKE-256 of the ASCII string
+``"prefect-gliner2/plan/v1/{purpose}/seed={seed}/epoch={epoch}"``. It never touches ``random``, ``hash()`` or
+set order, so it is identical across processes, platforms, Python versions and ``PYTHONHASHSEED``.
+
+Row order of epoch ``e`` (0-based): rows ``0..n-1`` sorted by the top 53 bits (``key >> 11``, exact as a double)
+of their key from ``random_keys(seed, e, "rows", n)``, ties by row index (a stable sort).
+
+Length grouping, only when ``config.group_by_length`` and ``architecture == "boundary"`` (gliner2's native trainer
+length-groups boundary models only): the shuffled order is cut into windows of ``length_group_window_batches *
+batch_size`` rows; each window is stably sorted by input text length (characters) and cut into batches of
+``batch_size``. Only the last window can leave a partial batch. The full batches are reordered by sorting batch
+positions ``0..F-1`` the same way by their keys from ``random_keys(seed, e, "batches", F)``; the partial batch
+stays last.
+
+Batches: epoch ``e``'s order is cut into ``P = ceil(n / batch_size)`` batches; the final partial batch is kept,
+so every epoch covers every row exactly once. Global batch ``i`` is epoch ``i // P``, position ``i % P``.
+
+Updates: accumulation windows of ``A = gradient_accumulation_steps`` batches restart at every epoch; a batch is an
+update when it closes a window (``(pos + 1) % A == 0``) or ends the epoch (the partial window is flushed), so an
+epoch has ``U = ceil(P / A)`` updates. ``max_steps = U * num_epochs``, unless ``config.max_steps > 0``: then, as in
+the native trainer, it sets ``max_steps`` and the number of epochs ``ceil(max_steps / U)``, and the plan ends at
+the batch that completes update ``max_steps`` (that batch also ends the last, truncated epoch).
+
+Validation after batch ``i``'s update: ``eval_strategy="epoch"``: every epoch end (including the plan's last
+batch); ``"steps"``: every update that makes the step count a multiple of ``eval_steps`` (epoch-end flushes
+included); ``"no"``: never. Like the native trainer, no extra validation is added at the end of a "steps" plan.
+
+Fingerprint: sha256 of the canonical JSON of ``{"architecture", "config": config.fingerprint_fields(),
+"plan_algorithm_version", "record_count", "records_sha256"}``, where ``records_sha256`` is the sha256 of every
+record's 32-byte content digest concatenated in row order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from session_core.config import TrainingConfig
+from session_core.errors import ConfigError, ManifestError
+from session_core.records import RecordSet, canonical_json, load_records
+
+if TYPE_CHECKING:
+    from session_core.manifest import LoadedManifest
+
+__all__ = ["ARCHITECTURES", "PLAN_ALGORITHM_VERSION", "ManagedTrainingPlan", "PlanBatch", "SelectionPolicy", "random_keys"]
+
+PLAN_ALGORITHM_VERSION = 1
+ARCHITECTURES = ("span", "boundary")
+_ORDER_CACHE_ROWS = 1 << 25  # cache epoch orders up to ~128 MiB of row indices (at least two epochs)
+
+
+def _shuffled(count: int, seed: int, epoch: int, purpose: str) -> list[int]:
+    """``0..count-1`` sorted by the top 53 bits of their keys (floats compare fastest), ties by position."""
+    keys = [float(key >> 11) for key in random_keys(seed, epoch, purpose, count)]
+    return sorted(range(count), key=keys.__getitem__)
+
+
+def random_keys(seed: int, epoch: int, purpose: str, count: int) -> array:
+    """``count`` uint64 keys of the plan's own deterministic stream (see the module docstring)."""
+    label = f"prefect-gliner2/plan/v{PLAN_ALGORITHM_VERSION}/{purpose}/seed={seed}/epoch={epoch}".encode("ascii")
+    keys = array("Q", hashlib.shake_256(label).digest(8 * count) if count else b"")
+    if sys.byteorder == "big":
+        keys.byteswap()
+    return keys
+
+
+@dataclass(frozen=True)
+class PlanBatch:
+    """One micro-batch of the plan: JSON-serializable, passed to ``TrainingSession.forward_backward``."""
+
+    index: int
+    epoch: int
+    rows: tuple[int, ...]
+    examples: tuple[dict[str, Any], ...]
+    is_update: bool
+    is_epoch_end: bool
+    is_validation: bool
+    window_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "epoch": self.epoch, "rows": list(self.rows), "examples": list(self.examples),
+            "is_update": self.is_update, "is_epoch_end": self.is_epoch_end, "is_validation": self.is_validation,
+            "window_size": self.window_size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanBatch:
+        """Rebuild from ``to_dict()`` output; malformed input raises ``ManifestError``."""
+        names = ("index", "epoch", "rows", "examples", "is_update", "is_epoch_end", "is_validation", "window_size")
+        if not isinstance(data, Mapping) or set(data) != set(names):
+            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ManifestError(f"a PlanBatch dict needs exactly the keys {list(names)}, got {got}; use PlanBatch.to_dict()")
+        ints = [data[k] for k in ("index", "epoch", "window_size")] + list(data["rows"])
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+            raise ManifestError("PlanBatch index, epoch, window_size and rows must be non-negative integers")
+        flags = [data[k] for k in ("is_update", "is_epoch_end", "is_validation")]
+        if not all(isinstance(v, bool) for v in flags) or not all(isinstance(e, Mapping) for e in data["examples"]):
+            raise ManifestError("PlanBatch flags must be booleans and examples must be record objects")
+        if len(data["rows"]) != len(data["examples"]):
+            raise ManifestError(f"PlanBatch has {len(data['rows'])} rows but {len(data['examples'])} examples")
+        return cls(
+            index=data["index"], epoch=data["epoch"], rows=tuple(data["rows"]),
+            examples=tuple(dict(e) for e in data["examples"]), is_update=data["is_update"],
+            is_epoch_end=data["is_epoch_end"], is_validation=data["is_validation"], window_size=data["window_size"],
+        )
+
+
+@dataclass(frozen=True)
+class SelectionPolicy:
+    """How validation results choose the best checkpoint and stop early (the native trainer's semantics)."""
+
+    metric_for_best: str
+    greater_is_better: bool
+    save_best: bool
+    early_stopping: bool
+    early_stopping_patience: int
+    early_stopping_threshold: float
+    eval_strategy: str
+    eval_steps: int
+
+    @classmethod
+    def from_config(cls, config: TrainingConfig) -> SelectionPolicy:
+        return cls(
+            metric_for_best=config.metric_for_best, greater_is_better=config.greater_is_better,
+            save_best=config.save_best, early_stopping=config.early_stopping,
+            early_stopping_patience=config.early_stopping_patience,
+            early_stopping_threshold=config.early_stopping_threshold,
+            eval_strategy=config.eval_strategy, eval_steps=config.eval_steps,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class ManagedTrainingPlan:
+    """The exact, deterministic batch schedule of one training run (torch-free; see the module docstring).
+
+    A dispatcher submits ``batch(i)`` to ``forward_backward``, then ``optim_step`` iff ``is_update(i)``, and
+    persists ``i + 1`` only after both commit; ``step_after(i)`` is the optimizer step count at that point.
+    """
+
+    def __init__(self, examples: Any, config: TrainingConfig | Mapping[str, Any], architecture: str = "span") -> None:
+        if isinstance(config, Mapping):
+            config = TrainingConfig.from_dict(config)
+        if not isinstance(config, TrainingConfig):
+            raise ConfigError(f"config must be a TrainingConfig, got {type(config).__name__}; build one with TrainingConfig(...)")
+        if architecture not in ARCHITECTURES:
+            raise ConfigError(f"architecture must be one of {list(ARCHITECTURES)}, got {architecture!r}; pass model.architecture")
+        self._config = config
+        self._architecture = architecture
+        self._records = load_records(examples, what="training")
+        self._grouped = config.group_by_length and architecture == "boundary"
+        self._epoch_orders: dict[int, array] = {}
+        self._layout()
+        self._fingerprint = self._compute_fingerprint()
+
+    def _layout(self) -> None:
+        cfg, n = self._config, len(self._records)
+        self._per_epoch = math.ceil(n / cfg.batch_size)
+        self._updates_per_epoch = math.ceil(self._per_epoch / cfg.gradient_accumulation_steps)
+        if cfg.max_steps > 0:
+            self._max_steps = cfg.max_steps
+            self._num_epochs = math.ceil(cfg.max_steps / self._updates_per_epoch)
+            last_updates = cfg.max_steps - (self._num_epochs - 1) * self._updates_per_epoch
+            last_batches = min(last_updates * cfg.gradient_accumulation_steps, self._per_epoch)
+        else:
+            self._max_steps = self._updates_per_epoch * cfg.num_epochs
+            self._num_epochs = cfg.num_epochs
+            last_batches = self._per_epoch
+        self._batch_count = (self._num_epochs - 1) * self._per_epoch + last_batches
+
+    def _compute_fingerprint(self) -> str:
+        payload = {
+            "architecture": self._architecture,
+            "config": self._config.fingerprint_fields(),
+            "plan_algorithm_version": PLAN_ALGORITHM_VERSION,
+            "record_count": len(self._records),
+            "records_sha256": self._records.digest_hex,
+        }
+        return hashlib.sha256(canonical_json(payload).encode("utf-8")).hexdigest()
+
+    # ------------------------------------------------------------------------------ public properties
+
+    @property
+    def config(self) -> TrainingConfig:
+        return self._config
+
+    @property
+    def architecture(self) -> str:
+        return self._architecture
+
+    @property
+    def records(self) -> RecordSet:
+        """The validated, canonical training records; ``rows`` index into them."""
+        return self._records
+
+    @property
+    def batch_count(self) -> int:
+        return self._batch_count
+
+    @property
+    def max_steps(self) -> int:
+        """The number of optimizer updates the plan performs (pass it to ``TrainingSession(max_steps=...)``)."""
+        return self._max_steps
+
+    @property
+    def num_epochs(self) -> int:
+        """Epochs the plan touches (derived from ``max_steps`` when ``config.max_steps > 0``)."""
+        return self._num_epochs
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self._per_epoch
+
+    @property
+    def updates_per_epoch(self) -> int:
+        return self._updates_per_epoch
+
+    @property
+    def length_grouped(self) -> bool:
+        return self._grouped
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def selection(self) -> SelectionPolicy:
+        return SelectionPolicy.from_config(self._config)
+
+    def __len__(self) -> int:
+        return self._batch_count
+
+    def __repr__(self) -> str:
+        return (f"ManagedTrainingPlan({len(self._records)} records, {self._batch_count} batches, "
+                f"{self._max_steps} updates, {self._architecture}, fingerprint {self._fingerprint[:12]})")
+
+    # ------------------------------------------------------------------------------ per-batch queries
+
+    def _position(self, i: int) -> tuple[int, int]:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"batch index must be an int, got {type(i).__name__}")
+        if not 0 <= i < self._batch_count:
+            raise IndexError(f"batch index {i} is outside this plan: valid indices are 0..{self._batch_count - 1}")
+        return divmod(i, self._per_epoch)
+
+    def epoch(self, i: int) -> int:
+        """0-based epoch of batch ``i``."""
+        return self._position(i)[0]
+
+    def is_update(self, i: int) -> bool:
+        """Whether ``optim_step`` follows batch ``i`` (it closes an accumulation window or ends an epoch)."""
+        _, pos = self._position(i)
+        return pos == self._per_epoch - 1 or (pos + 1) % self._config.gradient_accumulation_steps == 0
+
+    def is_epoch_end(self, i: int) -> bool:
+        _, pos = self._position(i)
+        return pos == self._per_epoch - 1 or i == self._batch_count - 1
+
+    def step_after(self, i: int) -> int:
+        """Optimizer steps completed once batch ``i``'s operations commit."""
+        epoch, pos = self._position(i)
+        accum = self._config.gradient_accumulation_steps
+        flushed = 1 if pos == self._per_epoch - 1 and self._per_epoch % accum else 0
+        return epoch * self._updates_per_epoch + (pos + 1) // accum + flushed
+
+    def is_validation(self, i: int) -> bool:
+        """Whether validation runs after batch ``i``'s update."""
+        strategy = self._config.eval_strategy
+        if strategy == "epoch":
+            return self.is_epoch_end(i)
+        if strategy == "steps":
+            return self.is_update(i) and self.step_after(i) % self._config.eval_steps == 0
+        self._position(i)
+        return False
+
+    def window_size(self, i: int) -> int:
+        """Micro-batches in batch ``i``'s accumulation window (smaller only for an epoch's flushed last window)."""
+        _, pos = self._position(i)
+        accum = self._config.gradient_accumulation_steps
+        return min(accum, self._per_epoch - (pos // accum) * accum)
+
+    def rows(self, i: int) -> tuple[int, ...]:
+        """Row indices (into ``records``) of batch ``i``."""
+        epoch, pos = self._position(i)
+        size = self._config.batch_size
+        return tuple(self._order(epoch)[pos * size:(pos + 1) * size])
+
+    def batch(self, i: int) -> PlanBatch:
+        rows = self.rows(i)
+        return PlanBatch(
+            index=i, epoch=self.epoch(i), rows=rows, examples=tuple(self._records.examples(rows)),
+            is_update=self.is_update(i), is_epoch_end=self.is_epoch_end(i), is_validation=self.is_validation(i),
+            window_size=self.window_size(i),
+        )
+
+    def updates(self) -> list[int]:
+        """Indices of every batch followed by an optimizer step, in order (``len == max_steps``)."""
+        per, accum = self._per_epoch, self._config.gradient_accumulation_steps
+        in_epoch = list(range(accum - 1, per, accum)) + ([per - 1] if per % accum else [])
+        return [i for e in range(self._num_epochs) for i in (e * per + k for k in in_epoch) if i < self._batch_count]
+
+    def epoch_ends(self) -> list[int]:
+        ends = [e * self._per_epoch + self._per_epoch - 1 for e in range(self._num_epochs - 1)]
+        return ends + [self._batch_count - 1]
+
+    def validations(self) -> list[int]:
+        """Indices of the batches after whose update validation runs."""
+        strategy, every = self._config.eval_strategy, self._config.eval_steps
+        if strategy == "epoch":
+            return self.epoch_ends()
+        if strategy == "steps":
+            return [i for step, i in enumerate(self.updates(), 1) if step % every == 0]
+        return []
+
+    # ------------------------------------------------------------------------------ row orders
+
+    def epoch_order(self, epoch: int) -> array:
+        """A copy of epoch ``epoch``'s full row order (batches are consecutive ``batch_size`` slices)."""
+        return array("I", self._order(epoch))
+
+    def _order(self, epoch: int) -> array:
+        if not 0 <= epoch < self._num_epochs:
+            raise IndexError(f"epoch {epoch} is outside this plan: valid epochs are 0..{self._num_epochs - 1}")
+        order = self._epoch_orders.get(epoch)
+        if order is None:
+            order = self._compute_order(epoch)
+            if len(self._epoch_orders) >= max(2, _ORDER_CACHE_ROWS // max(1, len(order))):
+                self._epoch_orders.pop(next(iter(self._epoch_orders)))
+            self._epoch_orders[epoch] = order
+        return order
+
+    def _compute_order(self, epoch: int) -> array:
+        n = len(self._records)
+        order = _shuffled(n, self._config.seed, epoch, "rows")
+        if self._grouped:
+            order = self._group_by_length(order, epoch)
+        return array("I", order)
+
+    def _group_by_length(self, order: list[int], epoch: int) -> list[int]:
+        size = self._config.batch_size
+        window = size * self._config.length_group_window_batches
+        lengths = self._records.lengths
+        full: list[list[int]] = []
+        partial: list[int] = []
+        for start in range(0, len(order), window):
+            group = order[start:start + window]
+            group.sort(key=lengths.__getitem__)
+            for offset in range(0, len(group), size):
+                chunk = group[offset:offset + size]
+                if len(chunk) == size:
+                    full.append(chunk)
+                else:
+                    partial = chunk
+        return [row for k in _shuffled(len(full), self._config.seed, epoch, "batches") for row in full[k]] + partial
+
+    # ------------------------------------------------------------------------------ manifests
+
+    def to_manifest(self, eval_examples: Any = None) -> dict[str, Any]:
+        """The content-addressed JSON manifest (see ``session_core.manifest``); it contains the training data."""
+        from session_core.manifest import build_manifest
+
+        return build_manifest(self, eval_examples)
+
+    def manifest_bytes(self, eval_examples: Any = None) -> bytes:
+        """``to_manifest(...)`` serialized exactly as ``write_manifest`` stores it, without building record dicts."""
+        from session_core.manifest import manifest_bytes
+
+        return manifest_bytes(self, eval_examples)
+
+    @classmethod
+    def from_manifest(cls, manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -> LoadedManifest:
+        """Verify a manifest (dict or URI) and rebuild its plan; returns ``LoadedManifest`` (unpacks to plan, eval_records)."""
+        from session_core.manifest import load_manifest
+
+        return load_manifest(manifest_or_uri)

@@ -1,0 +1,203 @@
+"""ManagedTraining qualification: managed == direct bitwise, exact managed continuation, selection, early stopping."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import safetensors.torch
+import torch
+from _session_helpers import (
+    CASE_IDS,
+    CASES,
+    assert_bitwise_equal,
+    eval_records,
+    make_config,
+    make_model,
+    make_plan,
+    run_child,
+    run_direct,
+    snapshot,
+)
+
+from session_core import ConfigError, ManagedTraining, PlanMismatchError, SessionStateError, TrainingSession
+
+EVAL = {"eval_strategy": "epoch"}
+SUMMARY_KEYS = ("total_steps", "total_epochs", "total_time_seconds", "samples_per_second", "best_metric",
+                "train_metrics_history", "eval_metrics_history")
+
+
+def managed(arch: str, lora: bool, **overrides):
+    config = make_config(arch, lora, **{**EVAL, **overrides})
+    plan = make_plan(arch, config)
+    session = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)
+    return ManagedTraining(session, plan, eval_examples=eval_records()), plan
+
+
+@pytest.mark.parametrize(("arch", "lora"), CASES, ids=CASE_IDS)
+def test_managed_equals_direct_bitwise_with_validation_on(arch, lora, tmp_path):
+    run, plan = managed(arch, lora)
+    seen = []
+    before = sorted(os.listdir(tmp_path))
+    result = run.run(on_step=lambda step, metrics: seen.append((step, dict(metrics))))
+    assert sorted(os.listdir(tmp_path)) == before  # validation writes nothing behind the caller's back
+    managed_state = snapshot(run.session)
+    assert all(key in result for key in SUMMARY_KEYS)
+    assert result["total_steps"] == plan.max_steps and result["total_epochs"] == 2
+    assert len(result["eval_metrics_history"]) == 2 and math.isfinite(result["best_metric"])
+    assert [s for s, m in seen if "loss" in m] == list(range(1, plan.max_steps + 1))
+    assert any("eval_loss" in m for _, m in seen)
+
+    config = make_config(arch, lora, **EVAL)
+    direct = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)
+    losses = run_direct(direct, plan)
+    assert_bitwise_equal(snapshot(direct), managed_state)
+    windows = [sum(losses[a:b]) for a, b in _windows(plan)]
+    assert [entry["loss"] for entry in result["train_metrics_history"]] == windows
+
+
+def _windows(plan):
+    start = 0
+    for i in range(plan.batch_count):
+        if plan.is_update(i):
+            yield start, i + 1
+            start = i + 1
+
+
+POINTS = {
+    "mid-window": 2,        # batches 0-1 done, two micro-batches pending
+    "at-update": 3,         # batch 2 was an update, mid-epoch
+    "epoch-end": "due",     # epoch 0 finished, its validation still due
+    "after-validation": 5,  # epoch 0 finished and validated
+}
+
+
+def _checkpoint_at(run: ManagedTraining, point, uri: str) -> None:
+    if point == "due":
+        run.run(until=4)
+        run.train_batch()
+        assert run.validation_due
+    else:
+        run.run(until=point)
+        assert not run.validation_due
+    run.save_state(uri)
+
+
+# every case resumes mid-window and right after a validation; span-full and boundary-lora also at an update
+# and at an epoch end whose validation is still due
+RESUME_CASES = [
+    (arch, lora, point)
+    for (arch, lora) in CASES
+    for point in POINTS
+    if point in ("mid-window", "after-validation") or (arch, lora) in (("span", False), ("boundary", True))
+]
+
+
+@pytest.mark.parametrize(("arch", "lora", "point"), RESUME_CASES,
+                         ids=[f"{a}-{'lora' if lo else 'full'}-{p}" for a, lo, p in RESUME_CASES])
+def test_exact_continuation_from_managed_checkpoints(arch, lora, point, tmp_path):
+    run, plan = managed(arch, lora, save_best=True)
+    _checkpoint_at(run, POINTS[point], str(tmp_path / "ckpt"))
+    result = run.run()
+    run.export_weights(str(tmp_path / "expected"))
+    expected = snapshot(run.session)
+
+    child = run_child("_session_child.py", {"arch": arch, "lora": lora, "mode": "managed", "eval": True,
+                                            "config": {**EVAL, "save_best": True}, "checkpoint": str(tmp_path / "ckpt"),
+                                            "out": str(tmp_path / "out.st"), "export": str(tmp_path / "resumed")})
+    assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
+    for key in ("train_metrics_history", "eval_metrics_history", "best_metric", "best_step", "total_steps"):
+        assert child[key] == result[key], key
+    exported = "adapter/adapter_model.safetensors" if lora else "model.safetensors"
+    assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "resumed" / exported)),
+                         safetensors.torch.load_file(str(tmp_path / "expected" / exported)))
+
+
+def test_best_selection_keeps_a_detached_copy_and_exports_best_or_final(tmp_path):
+    run, plan = managed("span", False, save_best=True, num_epochs=3)
+    run.run()
+    history = [entry["eval_loss"] for entry in run.eval_metrics_history]
+    best_index = min(range(len(history)), key=history.__getitem__)
+    assert run.best_metric == history[best_index]
+    assert run.best_step == run.eval_metrics_history[best_index]["step"]
+    assert all(t.device.type == "cpu" for t in run.best_state.values())
+    live = run.session.model.state_dict()
+    if run.best_step != run.session.step:
+        assert not all(torch.equal(run.best_state[k], live[k]) for k in live)
+    before = snapshot(run.session)
+    run.export_weights(str(tmp_path / "best"), which="best")
+    run.export_weights(str(tmp_path / "final"), which="final")
+    assert_bitwise_equal(snapshot(run.session), before)
+    best = safetensors.torch.load_file(str(tmp_path / "best" / "model.safetensors"))
+    final = safetensors.torch.load_file(str(tmp_path / "final" / "model.safetensors"))
+    assert all(torch.equal(best[k], run.best_state[k]) for k in best)
+    assert all(torch.equal(final[k], live[k]) for k in final)
+
+
+def test_validation_every_n_steps_uses_the_plan_boundaries():
+    run, plan = managed("boundary", False, eval_strategy="steps", eval_steps=2)
+    run.run()
+    assert [m["step"] for m in run.eval_metrics_history] == [s for s in range(1, plan.max_steps + 1) if s % 2 == 0]
+
+
+def _never_improving(**overrides):
+    # any threshold above the metric's scale means no validation after the first counts as an improvement
+    return managed("span", False, early_stopping=True, early_stopping_threshold=1e9, num_epochs=5, **overrides)
+
+
+def test_early_stopping_stops_after_patience_validations():
+    run, plan = _never_improving(early_stopping_patience=2)
+    result = run.run()
+    assert result["stopped_early"] and run.patience_counter == 2
+    assert len(result["eval_metrics_history"]) == 3  # the first validation improves on nothing-yet
+    assert result["total_epochs"] == 3 and result["total_steps"] < plan.max_steps
+    with pytest.raises(SessionStateError, match="finished"):
+        run.train_batch()
+
+
+def test_early_stopping_counters_survive_a_resume_between_non_improving_validations(tmp_path):
+    run, _ = _never_improving(early_stopping_patience=2)
+    run.run(until=10)  # two validations: the first sets the best, the second does not improve
+    assert run.patience_counter == 1 and not run.stopped_early
+    run.save_state(str(tmp_path / "ckpt"))
+    result = run.run()
+    expected = snapshot(run.session)
+    child = run_child("_session_child.py", {"arch": "span", "lora": False, "mode": "managed", "eval": True,
+                                            "config": {**EVAL, "early_stopping": True, "early_stopping_threshold": 1e9,
+                                                       "num_epochs": 5, "early_stopping_patience": 2},
+                                            "checkpoint": str(tmp_path / "ckpt"), "out": str(tmp_path / "out.st")})
+    assert child["stopped_early"] and child["total_steps"] == result["total_steps"]
+    assert child["eval_metrics_history"] == result["eval_metrics_history"]
+    assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
+
+
+def test_a_changed_plan_is_rejected_with_a_way_forward(tmp_path):
+    run, plan = managed("span", False)
+    run.run(until=3)
+    run.save_state(str(tmp_path / "ckpt"))
+    config = make_config("span", False, **EVAL, seed=12)
+    other_plan = make_plan("span", config)
+    session = TrainingSession(make_model("span"), config, max_steps=other_plan.max_steps)
+    other = ManagedTraining(session, other_plan, eval_examples=eval_records())
+    with pytest.raises(PlanMismatchError, match="original manifest"):
+        other.load_state(str(tmp_path / "ckpt"))
+    with pytest.raises(PlanMismatchError, match="validation examples"):
+        same, _ = managed("span", False)
+        ManagedTraining(same.session, same.plan, eval_examples=eval_records(3)).load_state(str(tmp_path / "ckpt"))
+    used, _ = managed("span", False)
+    used.run(until=1)
+    with pytest.raises(SessionStateError, match="fresh session"):
+        used.load_state(str(tmp_path / "ckpt"))
+    with pytest.raises(PlanMismatchError, match="max_steps"):
+        ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps + 1), plan)
+
+
+def test_selection_settings_are_checked_up_front():
+    config = make_config("span", False, **EVAL, metric_for_best="eval_f1")
+    plan = make_plan("span", config)
+    with pytest.raises(ConfigError, match="eval_f1"):
+        ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records())
+    config = make_config("span", False, **EVAL, early_stopping=True)
+    with pytest.raises(ConfigError, match="eval_examples"):
+        ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan)
