@@ -1,0 +1,78 @@
+"""The session adds no second optimizer loop: on the same batch order it reproduces native `train()` bit for bit.
+
+gliner2's `ExtractorTrainer.train()` draws its batch order from its own samplers; here a test subclass hands it the
+plan's order instead (collated by the native collator, lazily, exactly when `train()` iterates), and everything
+else (loss, backward, accumulation, partial-window flush, clipping, AdamW, schedule) is native `train()` itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _session_helpers import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct
+from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, ExtractorTrainer
+from gliner2.training.trainer import TrainingConfig as NativeConfig
+
+from session_core import TrainingSession
+
+
+class PlanOrderTrainer(ExtractorTrainer):
+    """Native trainer whose training loader yields the plan's batches (test-only data order)."""
+
+    plan = None
+
+    def _create_dataloader(self, dataset, batch_size, shuffle=True, is_training=True):
+        collator = ExtractorCollator(
+            self.processor, is_training=True, max_len=self.config.max_len or getattr(self.model.config, "max_len", None),
+            architecture=getattr(self.model, "architecture", "span"),
+            max_gold_per_query=(getattr(self.model.config, "boundary_head", None) or {}).get("max_gold_per_query", 32),
+            on_capacity_exceeded="raise",
+        )
+        plan = self.plan
+
+        class Loader:
+            sampler = None
+
+            def __init__(self):
+                self.epoch = 0
+
+            def __len__(self):
+                return plan.batches_per_epoch
+
+            def __iter__(self):
+                start = self.epoch * plan.batches_per_epoch
+                self.epoch += 1
+                for i in range(start, start + plan.batches_per_epoch):
+                    examples = plan.batch(i).examples
+                    yield collator([(r["input"], r["output"]) for r in examples])
+
+        return Loader()
+
+    def _save_checkpoint(self, name):  # the comparison reads live weights; keep the run's files out of it
+        return None
+
+
+@pytest.mark.parametrize(("arch", "lora"), CASES, ids=CASE_IDS)
+def test_session_reproduces_native_train_bitwise(arch, lora, tmp_path):
+    config = make_config(arch, lora, output_dir=str(tmp_path / "native"))
+    plan = make_plan(arch, config)
+
+    session = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)
+    run_direct(session, plan)
+    ours = {n: p.detach().clone() for n, p in session.model.named_parameters()}
+    session.close()
+
+    native_kwargs = config.to_native_kwargs()
+    native_kwargs.update(fp16=False, bf16=False, num_workers=0, pin_memory=False, report_to_wandb=False,
+                         group_by_length=False, save_best=False)
+    dataset = ExtractorDataset([record.to_dict() for record in plan.records], shuffle=False)
+    trainer = PlanOrderTrainer(make_model(arch), NativeConfig(**native_kwargs))
+    trainer.plan = plan
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    summary = trainer.train(train_data=dataset)
+    assert summary["total_steps"] == plan.max_steps
+    native = dict(trainer.model.named_parameters())
+    assert sorted(native) == sorted(ours)
+    differing = [n for n in ours if not torch.equal(ours[n], native[n].detach())]
+    assert not differing, f"{len(differing)} parameters differ from native train(), e.g. {differing[:3]}"
+    assert any(not torch.equal(initial[n], ours[n]) for n in ours)  # training really moved the weights
