@@ -20,7 +20,7 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     config = make_config(args["arch"], args["lora"], **args.get("config", {}))
     plan = make_plan(args["arch"], config, args.get("train_n", 9))
-    session = TrainingSession(make_model(args["arch"]), config, max_steps=plan.max_steps)
+    session = TrainingSession(make_model(args["arch"]), config, max_steps=plan.max_steps, device=args.get("device"))
     result: dict = {}
     if args["mode"] == "direct":
         session.load_state(args["checkpoint"])

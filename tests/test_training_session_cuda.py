@@ -1,0 +1,51 @@
+"""CUDA qualification: span/boundary x fp32/bf16 x full/LoRA, bitwise continuation in a fresh process.
+
+Run with `CUBLAS_WORKSPACE_CONFIG=:4096:8 pytest -q tests/test_training_session_cuda.py` on a CUDA machine. Without
+CUDA the whole module skips; bf16 cases skip on devices without hardware-native bf16 (a T4 runs four cases and skips
+four). A CPU skip is not GPU qualification.
+"""
+
+from __future__ import annotations
+
+import pytest
+import safetensors.torch
+import torch
+from _session_helpers import assert_bitwise_equal, make_config, make_model, make_plan, run_child, run_direct, snapshot
+
+from session_core import TrainingSession
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
+
+MATRIX = [(arch, precision, lora) for arch in ("span", "boundary") for precision in ("fp32", "bf16") for lora in (False, True)]
+
+
+def _native_bf16() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+@pytest.mark.parametrize(("arch", "precision", "lora"), MATRIX,
+                         ids=[f"{a}-{p}-{'lora' if lo else 'full'}" for a, p, lo in MATRIX])
+def test_cuda_exact_continuation_and_export(arch, precision, lora, tmp_path):
+    if precision == "bf16" and not _native_bf16():
+        pytest.skip(f"{torch.cuda.get_device_name()} has no hardware-native bf16")
+    overrides = {"bf16": precision == "bf16"}
+    config = make_config(arch, lora, **overrides)
+    plan = make_plan(arch, config)
+    session = TrainingSession(make_model(arch), config, max_steps=plan.max_steps, device="cuda")
+    assert all(p.device.type == "cuda" for p in session.model.parameters())
+    if precision == "fp32":
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    cut = 6
+    run_direct(session, plan, stop=cut + 1)
+    assert session.pending_micro_batches == 2
+    session.save_state(str(tmp_path / "ckpt"))
+    tail = run_direct(session, plan, start=cut + 1)
+    expected = snapshot(session)
+    session.export_weights(str(tmp_path / "export"))
+
+    child = run_child("_session_child.py", {"arch": arch, "lora": lora, "mode": "direct", "start": cut + 1,
+                                            "device": "cuda", "config": overrides,
+                                            "checkpoint": str(tmp_path / "ckpt"), "out": str(tmp_path / "out.st")})
+    assert child["losses"] == tail
+    assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
+    assert (tmp_path / "export" / "model.safetensors").exists()
