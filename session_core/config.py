@@ -339,7 +339,7 @@ def _parse_config_text(text: str, uri: str, suffix: str) -> Any:
             return json.loads(text)
         except ValueError as exc:
             raise ConfigError(f"config file {uri!r} is not valid JSON: {exc}; fix the file") from exc
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     try:
         return yaml.safe_load(text)

@@ -23,7 +23,7 @@ import copy
 import logging
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def native_config(kwargs: dict[str, Any], device: torch.device) -> NativeTrainin
         raise ConfigError(f"gliner2 rejected the training configuration: {exc}") from exc
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap(model: torch.nn.Module) -> Any:
     """The gliner2 extractor inside a PEFT wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
@@ -105,6 +105,8 @@ def is_peft(model: torch.nn.Module) -> bool:
 
 class SessionEngine(ExtractorTrainer):
     """gliner2's native trainer, driven one bounded operation at a time (see module docstring)."""
+
+    _finite_grad_hook_handles: list[Any]
 
     def __init__(
         self,
@@ -350,7 +352,7 @@ class SessionEngine(ExtractorTrainer):
             self._loss_accum = torch.tensor(float(counters["loss_accum"]), dtype=torch.float32, device=self.device)
         self.apply_schedule_state()
 
-    def detached_model_copy(self, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    def detached_model_copy(self, state: Mapping[str, torch.Tensor] | None = None) -> Any:
         """A deep CPU copy of the live model without hooks or gradients, optionally with `state` loaded into it."""
         self._guard_handle.remove()
         for handle in self._finite_grad_hook_handles:

@@ -19,7 +19,7 @@ def describe_model(model: torch.nn.Module, processor: Any) -> dict[str, Any]:
     """A JSON description of the model that load_state compares field by field."""
     base = unwrap(model)
     config = getattr(base, "config", None)
-    config_dict = config.to_dict() if hasattr(config, "to_dict") else {}
+    config_dict = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
     config_dict = {k: v for k, v in config_dict.items() if k not in _VOLATILE_CONFIG_KEYS}
     topology = [
         f"{canonical_name(n)}|{tuple(p.shape)}|{p.dtype}|{int(p.requires_grad)}" for n, p in model.named_parameters()
@@ -31,7 +31,9 @@ def describe_model(model: torch.nn.Module, processor: Any) -> dict[str, Any]:
         "model_class": type(base).__name__,
         "model_config_sha256": _sha(config_dict),
         "topology_sha256": _sha(sorted(topology)),
-        "sampling": dataclasses.asdict(sampling) if dataclasses.is_dataclass(sampling) else repr(sampling),
+        "sampling": dataclasses.asdict(sampling)
+        if dataclasses.is_dataclass(sampling) and not isinstance(sampling, type)
+        else repr(sampling),
         "tokenizer_size": len(tokenizer) if tokenizer is not None else None,
     }
 

@@ -84,15 +84,15 @@ class ManagedTraining:
         stop = self.plan.batch_count if until is None else min(until, self.plan.batch_count)
         while not self.stopped_early:
             if self.validation_due:
-                metrics = self.validate()
+                evaluated = self.validate()
                 if on_step is not None:
-                    on_step(self.session.step, metrics)
+                    on_step(self.session.step, evaluated)
                 continue
             if self.cursor >= stop:
                 break
-            metrics = self.train_batch()
-            if metrics is not None and on_step is not None:
-                on_step(self.session.step, metrics)
+            trained = self.train_batch()
+            if trained is not None and on_step is not None:
+                on_step(self.session.step, trained)
         return self.result()
 
     def train_batch(self) -> dict[str, Any] | None:
@@ -107,7 +107,7 @@ class ManagedTraining:
         loss = self.session.forward_backward(batch)
         self._window_loss += loss
         self._samples += len(batch.rows)
-        metrics = None
+        metrics: dict[str, Any] | None = None
         if self.plan.is_update(index):
             metrics = self._after_update(index, self.session.optim_step())
         self.cursor = index + 1

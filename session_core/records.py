@@ -525,10 +525,11 @@ def _check_entities(output: Mapping[str, Any], text: str, lowered: str, problems
     if not _is_map(descriptions):
         problems.append(f"'entity_descriptions' must be an object of type -> description, got {type(descriptions).__name__}")
         return
+    declared = entities if isinstance(entities, Mapping) else {}
     for etype, desc in descriptions.items():
         if not isinstance(desc, str):
             problems.append(f"entity_descriptions[{etype!r}] must be a string, got {type(desc).__name__}")
-        if not _is_map(entities) or etype not in entities:
+        if etype not in declared:
             problems.append(
                 f"entity_descriptions describes {etype!r}, which is not in entities; add {etype!r}: [] to entities "
                 "to train it as a negative, or remove the description"

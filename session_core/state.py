@@ -11,7 +11,7 @@ import io
 import pickle
 import random
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import safetensors.torch
@@ -52,7 +52,7 @@ def bytes_to_object(data: bytes, what: str) -> Any:
 def capture_rng(device: torch.device) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Python, NumPy, Torch CPU and (when used) CUDA generator states as (JSON part, tensors)."""
     version, python_key, gauss = random.getstate()
-    kind, numpy_key, pos, has_gauss, cached = np.random.get_state()
+    kind, numpy_key, pos, has_gauss, cached = cast(Any, np.random.get_state())
     meta = {
         "python": {"version": version, "key": list(python_key), "gauss": gauss},
         "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},

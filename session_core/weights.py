@@ -206,7 +206,7 @@ def export_weights(session: TrainingSession, uri: str, *, merged: bool = False,
     return info
 
 
-def _export_copy(copy: torch.nn.Module, staging: Path, *, merged: bool, lora: bool) -> None:
+def _export_copy(copy: Any, staging: Path, *, merged: bool, lora: bool) -> None:
     if not lora:
         unwrap(copy).save_pretrained(str(staging))
         return

@@ -11,8 +11,8 @@ import json
 import sys
 
 import safetensors.torch
-
 from _session_helpers import eval_records, make_config, make_model, make_plan, run_direct, snapshot
+
 from session_core import ManagedTraining, TrainingSession
 
 

@@ -10,7 +10,15 @@ from __future__ import annotations
 import pytest
 import safetensors.torch
 import torch
-from _session_helpers import assert_bitwise_equal, make_config, make_model, make_plan, run_child, run_direct, snapshot
+from _session_helpers import (
+    assert_bitwise_equal,
+    make_config,
+    make_model,
+    make_plan,
+    run_child,
+    run_direct,
+    snapshot,
+)
 
 from session_core import TrainingSession
 
