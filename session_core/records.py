@@ -202,6 +202,7 @@ class _Builder:
         self.lengths = array("I")
         self.rows = 0
         self.bad_rows = 0
+        self.blank_lines = 0
         self.problem_count = 0
         self.listed: list[str] = []
 
@@ -242,8 +243,9 @@ class _Builder:
             listing = "\n  ".join(self.listed)
             more = self.problem_count - len(self.listed)
             tail = f"\n  ... and {more} more problem(s)" if more else ""
+            blanks = f" and {self.blank_lines} blank line(s) were found" if self.blank_lines else ""
             raise RecordError(
-                f"{self.bad_rows} of {self.rows} {self.what} records are invalid ({source}); nothing was dropped "
+                f"{self.bad_rows} of {self.rows} {self.what} records are invalid{blanks} ({source}); nothing was dropped "
                 f"or used: fix or remove them and load again:\n  {listing}{tail}"
             )
         if not self.canonical and not allow_empty:
@@ -313,6 +315,7 @@ def _read_jsonl(uri: str, builder: _Builder) -> None:
                 builder.rows += 1
                 continue
             if not line.strip():
+                builder.blank_lines += 1
                 builder.problem(f"{uri} line {line_no}: blank line; every line must hold one JSON record (remove blank lines)")
                 continue
             try:

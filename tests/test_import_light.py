@@ -1,0 +1,54 @@
+"""Planning must not import torch, numpy, transformers, gliner2 or prefect (checked in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEAVY = ("torch", "numpy", "transformers", "gliner2", "prefect")
+
+_SCRIPT = """
+import sys, tempfile, os
+sys.path.insert(0, {root!r})
+import session_core
+from session_core.config import TrainingConfig
+from session_core.manifest import read_manifest, write_manifest
+from session_core.plan import ManagedTrainingPlan
+from session_core.records import load_records
+
+records = [{{"input": "John met Mary in Paris %d." % i, "output": {{"entities": {{"person": ["John", "Mary"]}}}}}} for i in range(9)]
+config = TrainingConfig(num_workers=0, fp16=False, bf16=True, batch_size=2, gradient_accumulation_steps=2, num_epochs=2)
+config.to_native_kwargs()
+config = TrainingConfig.from_dict(config.to_dict())
+plan = ManagedTrainingPlan(records, config, architecture="boundary")
+plan.batch(0)
+manifest = plan.to_manifest(eval_examples=records[:2])
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "m.json")
+    write_manifest(manifest, path)
+    loaded, evals = ManagedTrainingPlan.from_manifest(read_manifest(path))
+assert loaded.fingerprint == plan.fingerprint and len(evals) == 2
+assert session_core.ManagedTrainingPlan is ManagedTrainingPlan and session_core.TrainingConfig is TrainingConfig
+heavy = sorted(m for m in {heavy!r} if m in sys.modules or any(k.startswith(m + ".") for k in sys.modules))
+print(",".join(heavy) or "none")
+"""
+
+
+def test_planning_imports_no_heavy_modules() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(root=ROOT, heavy=HEAVY)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "none", f"planning imported {done.stdout.strip()}"
+
+
+def test_each_planning_module_alone_is_light() -> None:
+    for module in ("session_core.config", "session_core.records", "session_core.plan", "session_core.manifest"):
+        script = (
+            f"import sys; sys.path.insert(0, {ROOT!r}); import {module}; "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == "[]", (module, done.stdout)
