@@ -253,7 +253,7 @@ class _staging:
                 marker = self.dir / EXPORT_FILE
                 payload = marker.read_bytes()
                 marker.unlink()
-                self.fs.put(str(self.dir), self.path, recursive=True)
+                self.fs.put(f"{self.dir}/", self.path, recursive=True)  # trailing slash: the contents
                 with self.fs.open(f"{self.path}/{EXPORT_FILE}", "wb") as handle:
                     handle.write(payload)
         finally:
@@ -279,6 +279,6 @@ def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> 
 def _local_copy(fs: Any, path: str) -> Path:
     if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
         return Path(path)
-    target = Path(tempfile.mkdtemp(prefix="model-"))
-    fs.get(path, str(target), recursive=True)
+    target = Path(tempfile.mkdtemp(prefix="model-")) / "model"
+    fs.get(f"{path}/", str(target), recursive=True)  # trailing slash: copy the contents into target
     return target

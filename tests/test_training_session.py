@@ -422,3 +422,21 @@ def test_trainer_factory_buffers_ride_in_the_same_checkpoint(tmp_path):
     plain = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
     with pytest.raises(StateMismatchError, match="trainer"):
         plain.load_state(str(tmp_path / "ckpt"))
+
+
+def test_checkpoints_and_exports_work_on_any_fsspec_storage():
+    import fsspec
+
+    session, plan = new_session("boundary", False)
+    run_direct(session, plan, stop=4)
+    session.save_state("memory://sessions/ckpt")
+    tail = run_direct(session, plan, start=4)
+    expected = snapshot(session)
+    session.export_weights("memory://sessions/export")
+    fs = fsspec.filesystem("memory")
+    assert fs.exists("/sessions/export/model.safetensors") and fs.exists("/sessions/export/export.json")
+    resumed, _ = new_session("boundary", False)
+    resumed.load_state("memory://sessions/ckpt")
+    assert run_direct(resumed, plan, start=4) == tail
+    assert_bitwise_equal(snapshot(resumed), expected)
+    assert load_exported_model("memory://sessions/export").architecture == "boundary"
