@@ -34,6 +34,7 @@ from gliner2.training.trainer import TrainingConfig as NativeConfig  # noqa: E40
 from session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from session_core.tiny import BENCH_MODEL_SIZE, build_tiny_model, tiny_records  # noqa: E402
 
+DEVICE = "cpu"
 SIZES = {"tiny": {"hidden_size": 32, "num_layers": 1}, "bench": dict(BENCH_MODEL_SIZE)}
 
 
@@ -51,7 +52,7 @@ def _config(tmp: str, **kw: Any) -> TrainingConfig:
 
 def native_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], config: TrainingConfig) -> float:
     kwargs = config.to_native_kwargs()
-    kwargs.update(fp16=False, bf16=False, pin_memory=False, report_to_wandb=False, num_workers=0)
+    kwargs.update(fp16=False, pin_memory=False, report_to_wandb=False, num_workers=0)
     trainer = _NoSaveTrainer(build_tiny_model(arch, seed=0, **size), NativeConfig(**kwargs))
     started = time.perf_counter()
     trainer.train(train_data=[dict(r) for r in records])
@@ -61,7 +62,7 @@ def native_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], c
 def session_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], config: TrainingConfig,
                 tmp: str) -> dict[str, Any]:
     plan = ManagedTrainingPlan(records, config, architecture=arch)
-    session = TrainingSession(build_tiny_model(arch, seed=0, **size), config, max_steps=plan.max_steps)
+    session = TrainingSession(build_tiny_model(arch, seed=0, **size), config, max_steps=plan.max_steps, device=DEVICE)
     fb, step = [], []
     started = time.perf_counter()
     for i in range(plan.batch_count):
@@ -77,7 +78,7 @@ def session_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], 
     session.forward(plan.batch(0))
     forward = time.perf_counter() - t
     io = checkpoint_io(session, tmp, lambda: TrainingSession(build_tiny_model(arch, seed=0, **size), config,
-                                                           max_steps=plan.max_steps))
+                                                           max_steps=plan.max_steps, device=DEVICE))
     session.close()
     return {"wall": wall, "forward_backward_ms": 1e3 * mean(fb), "optim_step_ms": 1e3 * mean(step),
             "forward_ms": 1e3 * forward, "micro_batches": plan.batch_count, **io}
@@ -121,8 +122,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model only, fewer records")
     parser.add_argument("--json", help="also write the rows as JSON to this file")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (native train() picks CUDA when available)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA with native bf16 only)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; the best of each is kept")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     rows = []
     sizes = {"tiny": SIZES["tiny"]} if args.quick else SIZES
@@ -133,14 +138,15 @@ def main() -> None:
             natives, runs = [], []
             for _ in range(args.repeats):  # interleaved, best of N: both sides see the same machine state
                 with tempfile.TemporaryDirectory() as tmp:
-                    config = _config(tmp)
+                    config = _config(tmp, bf16=args.bf16)
                     natives.append(native_run(arch, size, records, config))
                     runs.append(session_run(arch, size, records, config, tmp))
             native = min(natives)
             ours = min(runs, key=lambda r: r["wall"])
             rows.append({"model": name, "arch": arch, "native_s": native, "session_s": ours["wall"],
                          "ratio": ours["wall"] / native, **ours})
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu")
+    where = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, {'bf16' if args.bf16 else 'fp32'}")
     print(f"{'model':6} {'arch':9} {'micro':>5} {'native s':>9} {'session s':>9} {'ratio':>6} {'fb ms':>7} "
           f"{'step ms':>7} {'fwd ms':>7}")
     for r in rows:
