@@ -1,0 +1,172 @@
+"""A simple, durable model registry on any fsspec storage: versioned model directories and an atomic pointer.
+
+    <root>/<name>/versions/v000001/   a native model directory (as export_weights wrote it) + lineage.json
+    <root>/<name>/versions/v000002/   ...
+    <root>/<name>/CURRENT.json        {"version": "v000002", "previous": "v000001", "updated_at": ...}
+
+A version directory is complete when its `lineage.json` exists (written last); incomplete ones are invisible. The
+pointer is replaced atomically (a temp file renamed over it locally; a single object write elsewhere), so a reader
+sees the old or the new version, never half of one. Rolling back is pointing CURRENT at an older version. Lineage
+records where a version came from: base model hash, data fingerprint, manifest fingerprint, run key, metrics.
+Torch-free and Prefect-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from session_core.errors import SessionCoreError
+
+__all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
+
+LINEAGE_FILE = "lineage.json"
+POINTER_FILE = "CURRENT.json"
+_VERSION = re.compile(r"^v(\d{6})$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RegistryError(SessionCoreError, ValueError):
+    """A registry name, version or pointer is invalid or missing."""
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One registered model: its version id, directory URI and lineage."""
+
+    version: str
+    uri: str
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        return int(self.version[1:])
+
+
+class ModelRegistry:
+    """Versions of one named model under `root` (a local directory or fsspec URL)."""
+
+    def __init__(self, root: str, name: str) -> None:
+        if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+            raise RegistryError(f"model name {name!r} must be 1-128 letters, digits, '.', '_' or '-' (no slashes)")
+        self.fs, base = fsspec.core.url_to_fs(root)
+        self.name = name
+        self.root = root.rstrip("/")
+        self.path = f"{base.rstrip('/')}/{name}"
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    # ---- reading ---------------------------------------------------------------------------------------------
+
+    def versions(self) -> list[ModelVersion]:
+        """Complete versions, oldest first."""
+        folder = f"{self.path}/versions"
+        if not self.fs.exists(folder):
+            return []
+        found = []
+        for entry in self.fs.ls(folder, detail=False):
+            version = entry.rstrip("/").rsplit("/", 1)[-1]
+            if _VERSION.match(version) and self.fs.exists(f"{folder}/{version}/{LINEAGE_FILE}"):
+                found.append(self.get(version))
+        return sorted(found, key=lambda v: v.number)
+
+    def get(self, version: str) -> ModelVersion:
+        if not isinstance(version, str) or not _VERSION.match(version):
+            raise RegistryError(f"version {version!r} is not of the form v000001")
+        lineage_path = f"{self.path}/versions/{version}/{LINEAGE_FILE}"
+        if not self.fs.exists(lineage_path):
+            raise RegistryError(f"{self.name} has no complete version {version}; list versions() to see what exists")
+        lineage = json.loads(self.fs.cat_file(lineage_path))
+        return ModelVersion(version=version, uri=self._uri(f"versions/{version}"), lineage=lineage)
+
+    def latest(self) -> ModelVersion | None:
+        """The newest registered version, promoted or not (what change detection compares against)."""
+        versions = self.versions()
+        return versions[-1] if versions else None
+
+    def current(self) -> ModelVersion | None:
+        """The version CURRENT points at (None before the first promotion)."""
+        pointer = f"{self.path}/{POINTER_FILE}"
+        if not self.fs.exists(pointer):
+            return None
+        try:
+            data = json.loads(self.fs.cat_file(pointer))
+        except ValueError as exc:
+            raise RegistryError(f"{self.name}'s {POINTER_FILE} is not valid JSON ({exc}); promote a version again") from exc
+        return self.get(data["version"])
+
+    # ---- writing ---------------------------------------------------------------------------------------------
+
+    def register(self, source: str, lineage: dict[str, Any]) -> ModelVersion:
+        """Copy a model directory in as the next version; lineage.json is written last (the commit marker)."""
+        src_fs, src_path = fsspec.core.url_to_fs(source)
+        if not src_fs.isdir(src_path) or not src_fs.exists(f"{src_path.rstrip('/')}/config.json"):
+            raise RegistryError(f"cannot register {source}: it is not a model directory with config.json")
+        version = self._claim_next()
+        target = f"{self.path}/versions/{version}"
+        for entry in src_fs.find(src_path.rstrip("/")):
+            relative = entry[len(src_path.rstrip("/")) + 1:]
+            parent = f"{target}/{relative}".rsplit("/", 1)[0]
+            self.fs.makedirs(parent, exist_ok=True)
+            with src_fs.open(entry, "rb") as reader, self.fs.open(f"{target}/{relative}", "wb") as writer:
+                writer.write(reader.read())
+        record = {**lineage, "version": version, "registered_at": time.time(), "source": source}
+        self._write_atomic(f"{target}/{LINEAGE_FILE}", json.dumps(record, indent=1, sort_keys=True).encode())
+        return self.get(version)
+
+    def promote(self, version: str) -> ModelVersion:
+        """Point CURRENT at `version` (also how a rollback is done)."""
+        chosen = self.get(version)
+        previous = self.current()
+        pointer = {"version": chosen.version, "previous": previous.version if previous else None,
+                   "updated_at": time.time()}
+        self.fs.makedirs(self.path, exist_ok=True)
+        self._write_atomic(f"{self.path}/{POINTER_FILE}", json.dumps(pointer, sort_keys=True).encode())
+        return chosen
+
+    def _claim_next(self) -> str:
+        folder = f"{self.path}/versions"
+        self.fs.makedirs(folder, exist_ok=True)
+        taken = [int(m.group(1)) for e in self.fs.ls(folder, detail=False)
+                 if (m := _VERSION.match(e.rstrip("/").rsplit("/", 1)[-1]))]
+        number = max(taken, default=0) + 1
+        while True:
+            version = f"v{number:06d}"
+            if self.local:
+                try:
+                    os.mkdir(f"{folder}/{version}", 0o700)  # atomic claim against a concurrent registration
+                    return version
+                except FileExistsError:
+                    number += 1
+                    continue
+            if not self.fs.exists(f"{folder}/{version}"):
+                self.fs.makedirs(f"{folder}/{version}", exist_ok=True)
+                return version
+            number += 1
+
+    def _write_atomic(self, path: str, data: bytes) -> None:
+        if not self.local:
+            self.fs.pipe_file(path, data)  # a single object write is atomic on object stores
+            return
+        folder = os.path.dirname(path)
+        temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _uri(self, relative: str) -> str:
+        return f"{self.root}/{self.name}/{relative}"
