@@ -1,0 +1,241 @@
+"""Console script ``prefect-gliner2``: train, plan and demo from a terminal, through Prefect.
+
+    prefect-gliner2 train --model DIR_OR_ID --train FILE --valid FILE --config FILE --run-key KEY \\
+                          --storage DIR_OR_URL --export DIR
+    prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
+    prefect-gliner2 demo  [--dir DIR]
+
+``train`` runs the training flow through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral
+server. Re-running the same command after a crash resumes exactly. Bad arguments exit with status 2 and a message
+saying what to fix; a failed run exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from session_core.errors import SessionCoreError
+
+__all__ = ["main"]
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A command-line argument is wrong; exit 2 with this message."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (UsageError, SessionCoreError) as exc:
+        print(f"prefect-gliner2 {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,plan,demo}")
+    train = commands.add_parser("train", help="train (or resume) a run through the Prefect flow")
+    _data_arguments(train, config_required=True)
+    train.add_argument("--run-key", help="names the run directory; the same key resumes (default: from the plan)")
+    train.add_argument("--storage", help="local directory or fsspec URL for run directories")
+    train.add_argument("--export", dest="export_to", help="where to export the selected model (default: <run>/export)")
+    train.add_argument("--checkpoint-every", type=_non_negative, default=100, help="checkpoint every N updates")
+    train.add_argument("--batches-per-task", type=_positive, default=1, help="batches per Prefect task")
+    train.add_argument("--pipeline-depth", type=_non_negative, default=0, help="operations sent ahead to the worker")
+    train.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    train.add_argument("--cpu-threads", type=_positive, help="torch threads in the worker (recorded per run)")
+    train.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    train.set_defaults(handler=_train)
+    plan = commands.add_parser("plan", help="build a plan; print its summary, the manifest, or write it")
+    _data_arguments(plan, config_required=True)
+    plan.add_argument("--out", help="write the manifest here (it contains the training data)")
+    plan.add_argument("--print", dest="print_manifest", action="store_true", help="print the whole manifest JSON")
+    plan.set_defaults(handler=_plan)
+    demo = commands.add_parser("demo", help="train the built-in tiny model on generated data, offline")
+    demo.add_argument("--dir", default="prefect-gliner2-demo", help="where data, runs and the model go")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
+    parser.add_argument("--model", required=True, help="model directory, Hugging Face id, or tiny:span / tiny:boundary")
+    parser.add_argument("--train", required=True, action="append", help="training JSONL path or URL (repeatable)")
+    parser.add_argument("--valid", action="append", help="validation JSONL path or URL (repeatable)")
+    parser.add_argument("--config", required=config_required, help="TrainingConfig fields as a JSON or YAML file")
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+# ---- commands ----------------------------------------------------------------------------------------------
+
+
+def _inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
+    """Check the model, data files and config before anything starts; returns (config, train, valid)."""
+    import fsspec
+
+    from session_core import TrainingConfig
+    from tasks.models import check_model_source
+
+    check_model_source(args.model)
+    for role, paths in (("training", args.train), ("validation", args.valid or [])):
+        for path in paths:
+            fs, local = fsspec.core.url_to_fs(path)
+            if not fs.exists(local):
+                raise UsageError(f"{role} data {path!r} does not exist; pass a JSONL file path or URL")
+    config = TrainingConfig.from_file(args.config)
+    return config, args.train, args.valid
+
+
+def _train(args: Any) -> int:
+    from flows.train import prepare_run
+
+    config, train, valid = _inputs(args)
+    prepared = prepare_run(args.model, _one(train), _one(valid), config, args.run_key, args.storage)
+    if prepared.manifest is not None and prepared.run_dir.exists("manifest.json"):
+        prepared.run_dir.ensure_manifest(prepared.manifest)  # refuses a different plan before Prefect starts
+    from flows.train import TrainingConfigModel, train_flow
+    from tasks.progress import add_listener, remove_listener
+
+    bar = ProgressBar(sys.stderr)
+    add_listener(bar)
+    try:
+        state = train_flow(model=args.model, train_data=_one(train), valid_data=_one(valid), config=TrainingConfigModel.model_validate(config),
+                           run_key=prepared.run_dir.run_key, storage=args.storage, checkpoint_every=args.checkpoint_every,
+                           export_to=args.export_to, batches_per_task=args.batches_per_task,
+                           pipeline_depth=args.pipeline_depth, device=args.device, cpu_threads=args.cpu_threads,
+                           return_state=True)
+    finally:
+        remove_listener(bar)
+        bar.close()
+    if not state.is_completed():
+        error = state.result(raise_on_failure=False)
+        print(f"prefect-gliner2 train: run {prepared.run_dir.run_key} failed: {error}\n"
+              "fix the cause and run the same command again to resume from the last checkpoint", file=sys.stderr)
+        return 1
+    summary = state.result()
+    print(json.dumps(summary, indent=1) if args.json else _describe(summary))
+    return 0
+
+
+def _one(paths: list[str] | None) -> str | list[str] | None:
+    return paths[0] if paths and len(paths) == 1 else paths
+
+
+def _plan(args: Any) -> int:
+    from session_core import ManagedTrainingPlan
+    from session_core.manifest import write_manifest
+    from tasks.models import model_architecture
+
+    config, train, valid = _inputs(args)
+    plan = ManagedTrainingPlan(_one(train), config, architecture=model_architecture(args.model))
+    manifest = plan.manifest_bytes(_one(valid))
+    if args.out:
+        write_manifest(manifest, args.out)
+    if args.print_manifest:
+        sys.stdout.write(manifest.decode("utf-8"))
+        return 0
+    parsed = json.loads(manifest)
+    print(f"plan {plan.fingerprint} ({plan.architecture}): {len(plan.records)} training records, "
+          f"{len(parsed['eval_examples'])} validation records\n"
+          f"  {plan.batch_count} batches over {plan.num_epochs} epoch(s), {plan.max_steps} optimizer updates, "
+          f"{len(parsed['validations'])} validation point(s)\n"
+          f"  manifest content address {parsed['content_address']}"
+          + (f"\n  written to {args.out} (it contains the training data)" if args.out else ""))
+    return 0
+
+
+def _demo(args: Any) -> int:
+    from flows.demo import run_demo
+
+    summary = run_demo(args.dir)
+    print(_describe(summary))
+    return 0
+
+
+class ProgressBar:
+    """A one-line terminal progress bar fed by the run's progress listener (redrawn in place on a TTY)."""
+
+    WIDTH = 28
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.last = ""
+        self.loss: float | None = None
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind in ("start", "progress") and "batch_count" in data:
+            self.loss = data.get("loss", self.loss)
+            self._draw(data, final=False)
+        elif kind == "validation" and data.get("metrics"):
+            self._line(f"validation at step {data['metrics'].get('step')}: eval_loss {data['metrics'].get('eval_loss'):.6g}")
+        elif kind == "checkpoint" and data.get("committed"):
+            self._line(f"checkpoint {data.get('name')} committed")
+
+    def _draw(self, data: dict[str, Any], *, final: bool) -> None:
+        total = max(int(data["batch_count"]), 1)
+        done = min(int(data["cursor"]), total)
+        filled = self.WIDTH * done // total
+        loss = f" · loss {self.loss:.4g}" if isinstance(self.loss, float) else ""
+        text = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] batch {done}/{total} · step {data['step']}/"
+                f"{data['max_steps']} · epoch {data['epoch'] + 1}/{data['num_epochs']}{loss}")
+        self.last = text
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K")
+            self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        self.stream.write(("\r\x1b[K" if self.tty else "") + text + "\n")
+        if not self.tty and self.last:
+            self.stream.write(self.last + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _describe(summary: dict[str, Any]) -> str:
+    best = summary.get("best_metric")
+    lines = [
+        f"run {summary['run_key']}: {summary.get('total_steps')} steps, {summary.get('total_epochs')} epoch(s)"
+        + (", stopped early" if summary.get("stopped_early") else ""),
+        f"  model ({summary.get('label')} weights): {summary.get('export')}",
+        f"  best {summary.get('metric_for_best')}: {best if best is not None else 'n/a (no validation data)'}",
+        f"  checkpoints: {summary.get('checkpoints')} (newest {summary.get('checkpoint')})",
+        f"  run directory: {summary.get('run_dir')}",
+    ]
+    if summary.get("flow_run_id"):
+        lines.append(f"  Prefect flow run: {summary['flow_run_id']} (prefect flow-run inspect {summary['flow_run_id']})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""Checkpoint tasks: write a managed checkpoint after batch i, then move the durable cursor to it.
+
+Order of commitment: the worker writes ``checkpoints/step-S-batch-I/`` atomically (files, then the hash index,
+then a rename); only after it reports success does this task replace ``cursor.json``, and only forward. A crash at
+any moment leaves either the previous cursor (the new checkpoint, if complete, is simply reused when the schedule
+reaches it again) or the new one. Each committed checkpoint emits a ``prefect-gliner2.checkpoint.committed`` event
+on resource ``prefect-gliner2.run.<run_key>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
+
+from . import hooks, registry
+from .errors import retry_if_transient
+from .rundir import DurableCursor, checkpoint_name
+from .training import RETRY_DELAY_SECONDS, TASK_RETRIES, call_worker
+
+__all__ = ["CHECKPOINT_EVENT", "checkpoint", "run_resource"]
+
+CHECKPOINT_EVENT = "prefect-gliner2.checkpoint.committed"
+
+
+def run_resource(run_key: str) -> dict[str, str]:
+    return {"prefect.resource.id": f"prefect-gliner2.run.{run_key}", "prefect.resource.name": run_key}
+
+
+@task(
+    name="checkpoint",
+    task_run_name="checkpoint step {step} batch {index}",
+    cache_policy=NO_CACHE,
+    retries=TASK_RETRIES,
+    retry_delay_seconds=RETRY_DELAY_SECONDS,
+    retry_condition_fn=retry_if_transient,
+)
+def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
+    """Checkpoint the session after batch `index` (optimizer step `step`) and commit the durable cursor."""
+    run = registry.get(run_key)
+    logger = get_run_logger()
+    run.lease.check()
+    name = checkpoint_name(step, index)
+    info = dict(call_worker(run_key, "checkpoint", index=index, uri=run.run_dir.checkpoint_uri(name)))
+    if not info["committed"]:
+        logger.warning("no checkpoint at batch %d: %s", index, info.get("reason"))
+        return info
+    hooks.hit("cursor", index)
+    run.lease.check()
+    cursor = DurableCursor(checkpoint=name, cursor=info["cursor"], step=info["step"], epoch=info["epoch"],
+                           finished=info["finished"], fingerprint=run.fingerprint)
+    info["cursor_moved"] = run.run_dir.commit_cursor(cursor)
+    info["name"] = name
+    logger.info("checkpoint %s committed%s", name, "" if info["cursor_moved"] else " (cursor already past it)")
+    emit_event(
+        event=CHECKPOINT_EVENT,
+        resource=run_resource(run_key),
+        payload={k: info.get(k) for k in ("name", "uri", "cursor", "step", "epoch", "finished", "best_metric", "best_step",
+                                          "existing", "cursor_moved")},
+    )
+    return info

@@ -1,0 +1,106 @@
+"""Runs a plan's units through the Prefect tasks, strictly in order, optionally pipelined.
+
+Pipelining (``pipeline_depth=d``): before the task of unit k runs, units k..k+d are already sent to the worker, so
+the worker computes while Prefect records task runs; each task then joins its pre-sent operation instead of sending
+it. The worker executes operations in sending order, so checkpoints still land exactly where the schedule puts
+them; after a worker restart, pre-sent operations are sent again, in order, to the new incarnation.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from . import hooks
+from .checkpoints import checkpoint
+from .evaluation import validate
+from .progress import RunReporter
+from .registry import LiveRun
+from .schedule import Unit, unit_op, units
+from .training import train_batches
+
+__all__ = ["DriveResult", "drive", "run_unit"]
+
+
+@dataclass
+class DriveResult:
+    stopped_early: bool = False
+    last_checkpoint: dict[str, Any] | None = None
+    units_run: int = 0
+
+
+def run_unit(run_key: str, unit: Unit) -> dict[str, Any]:
+    """Run one unit as its Prefect task (synchronously, in the flow's thread)."""
+    if unit.kind == "advance":
+        return train_batches(run_key, unit.first, unit.through)
+    if unit.kind == "validate":
+        return validate(run_key, unit.through)
+    return checkpoint(run_key, unit.through, unit.step)
+
+
+def drive(run: LiveRun, start: int, *, batches_per_task: int, checkpoint_every: int, pipeline_depth: int,
+          validate_runs: bool, reporter: RunReporter, then: tuple[str, dict[str, Any]] | None = None) -> DriveResult:
+    """Run every unit from batch `start` to the end of the plan (or to early stopping).
+
+    `then` is the worker operation that follows the last unit (the export); when pipelining, it is sent ahead too.
+    """
+    plan = run.plan
+    source = units(plan, start, batches_per_task=batches_per_task, checkpoint_every=checkpoint_every,
+                   validate=validate_runs)
+    pending: deque[Unit] = deque()
+    sent: dict[Unit, str] = {}
+    outcome = DriveResult()
+    exhausted = False
+    while True:
+        while not exhausted and len(pending) < pipeline_depth + 1:
+            upcoming = next(source, None)
+            exhausted = upcoming is None
+            if upcoming is not None:
+                pending.append(upcoming)
+        if not pending:
+            return outcome
+        if pipeline_depth:
+            _presubmit(run, pending, sent)
+            if exhausted and then is not None and run.worker.alive:
+                run.worker.submit(then[0], **then[1])  # joined by the export task (or re-sent by it)
+        unit = pending.popleft()
+        result = run_unit(run.run_key, unit)
+        if sent.pop(unit, None) is not None:
+            op, args = unit_op(unit, run.run_dir)
+            run.worker.release(op, **args)  # a cached task never consumed its pre-sent call
+        outcome.units_run += 1
+        hooks.hit("unit", unit.through)
+        if unit.kind == "advance":
+            reporter.progress(result)
+        elif unit.kind == "checkpoint":
+            outcome.last_checkpoint = result
+            reporter.checkpoint(result)
+        else:
+            reporter.validation(result)
+            if result.get("stopped_early"):
+                outcome.stopped_early = True
+                outcome.last_checkpoint = _final_checkpoint(run, unit, pending, reporter)
+                return outcome
+
+
+def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str]) -> None:
+    worker = run.worker
+    if not worker.alive:
+        return  # the next task restarts it (and logs why); pre-sending resumes after that
+    incarnation = worker.incarnation
+    for unit in pending:
+        if incarnation is None or sent.get(unit) == incarnation:
+            continue
+        op, args = unit_op(unit, run.run_dir)
+        worker.submit(op, **args)
+        sent[unit] = incarnation
+
+
+def _final_checkpoint(run: LiveRun, stop: Unit, pending: deque[Unit], reporter: RunReporter) -> dict[str, Any]:
+    """Early stopping fired at `stop`: make the stopped state durable with a checkpoint at that batch."""
+    step = run.plan.step_after(stop.through)
+    unit = next((u for u in pending if u.kind == "checkpoint" and u.through == stop.through), None)
+    result = run_unit(run.run_key, unit or Unit("checkpoint", stop.through, stop.through, step))
+    reporter.checkpoint(result)
+    return result

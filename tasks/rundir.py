@@ -1,0 +1,260 @@
+"""The run directory on fsspec storage: layout, run-key rules, owner-only files, write-once manifest, durable cursor.
+
+    <storage>/<run_key>/
+        manifest.json                       the plan, content-addressed; written once (holds the training data)
+        run.json                            run settings that must not change on resume (model, threads, device)
+        cursor.json                         the durable cursor: newest committed checkpoint + its cursor
+        checkpoints/step-000012-batch-000047/   managed checkpoints (atomic, hash-verified)
+        export/                             the exported model (unless an export location is given)
+        .lease                              the lease (flock on local storage; owner + heartbeat elsewhere)
+
+On local storage directories are created 0o700 and files 0o600. The durable cursor is replaced atomically and
+only ever moves forward; checkpoints are found through it, never by listing or modification time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from .errors import RunConflictError, RunKeyError
+
+__all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_name", "validate_run_key"]
+
+CURSOR_VERSION = 1
+RUN_INFO_VERSION = 1
+_RUN_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def validate_run_key(run_key: Any) -> str:
+    """A run key names one directory: 1-128 of [A-Za-z0-9_.-], starting alphanumeric, no '..'."""
+    if not isinstance(run_key, str) or not _RUN_KEY.match(run_key) or ".." in run_key:
+        raise RunKeyError(
+            f"invalid run key {run_key!r}: use 1-128 letters, digits, '_', '-' or '.', starting with a letter or "
+            "digit, without '..' or slashes (e.g. 'ner-2024-06-01')"
+        )
+    return run_key
+
+
+def checkpoint_name(step: int, index: int) -> str:
+    """Readable checkpoint directory name: optimizer step and last batch included."""
+    return f"step-{step:06d}-batch-{index:06d}"
+
+
+@dataclass(frozen=True)
+class DurableCursor:
+    """cursor.json: where a resumed run continues (the newest committed checkpoint), plus the final export."""
+
+    checkpoint: str
+    cursor: int
+    step: int
+    epoch: int
+    finished: bool
+    fingerprint: str
+    committed_at: float = field(default_factory=time.time)
+    export: str | None = None
+    summary: dict[str, Any] | None = None
+    version: int = CURSOR_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str) -> DurableCursor:
+        version = data.get("version")
+        if not isinstance(version, int) or version > CURSOR_VERSION:
+            raise RunConflictError(f"{where} has cursor format version {version!r}; this prefect-gliner2 reads "
+                                   f"up to {CURSOR_VERSION}: upgrade prefect-gliner2")
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        try:
+            return cls(**known)
+        except TypeError as exc:
+            raise RunConflictError(f"{where} is not a valid durable cursor ({exc}); restore it from a backup") from exc
+
+
+class RunDirectory:
+    """Paths and small-file operations of one run directory (see the module docstring)."""
+
+    def __init__(self, storage: str, run_key: str) -> None:
+        self.run_key = validate_run_key(run_key)
+        self.storage = os.path.expanduser(storage) if "://" not in storage else storage
+        self.fs, root = fsspec.core.url_to_fs(self.storage)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        root = os.path.abspath(root) if self.local else root.rstrip("/")
+        self.path = f"{root}/{self.run_key}"
+        self.uri = self.path if self.local else self.fs.unstrip_protocol(self.path)
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.uri, *parts])
+
+    @property
+    def manifest_uri(self) -> str:
+        return self.join("manifest.json")
+
+    @property
+    def cursor_uri(self) -> str:
+        return self.join("cursor.json")
+
+    @property
+    def default_export_uri(self) -> str:
+        return self.join("export")
+
+    def checkpoint_uri(self, name: str) -> str:
+        return self.join("checkpoints", name)
+
+    # ---- creation and write-once files ---------------------------------------------------------------------
+
+    def create(self) -> None:
+        """Create the run directory (owner-only on local storage) and its checkpoints/ folder."""
+        if self.local:
+            for path in (self.path, f"{self.path}/checkpoints"):
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chmod(self.path, 0o700)
+        else:
+            self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(f"{self.path}/{name}"))
+
+    def read_bytes(self, name: str) -> bytes | None:
+        path = f"{self.path}/{name}"
+        return bytes(self.fs.cat_file(path)) if self.fs.exists(path) else None
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Atomically replace `name` (temp file + fsync + rename locally; temp object + move elsewhere)."""
+        path = f"{self.path}/{name}"
+        if self.local:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)  # created 0o600
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            _fsync_dir(self.path)
+        else:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, path)
+
+    def ensure_manifest(self, manifest: bytes) -> bool:
+        """Write the manifest if the run is new (True); refuse a different one under this run key."""
+        existing = self.read_bytes("manifest.json")
+        if existing is None:
+            self.write_bytes("manifest.json", manifest)
+            return True
+        if existing != manifest:
+            raise RunConflictError(_manifest_difference(self.run_key, self.uri, existing, manifest))
+        return False
+
+    def ensure_run_info(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Record run settings on first use; afterwards they must match (returns the recorded ones)."""
+        data = self.read_bytes("run.json")
+        if data is None:
+            record = {"version": RUN_INFO_VERSION, **settings}
+            self.write_bytes("run.json", json.dumps(record, sort_keys=True, indent=1).encode())
+            return record
+        record = json.loads(data)
+        differing = [f"{k}: recorded {record.get(k)!r}, requested {v!r}" for k, v in settings.items() if record.get(k) != v]
+        if differing:
+            raise RunConflictError(
+                f"run key {self.run_key!r} was started with different settings ({'; '.join(differing)}); resume "
+                "with the recorded settings (they decide the exact numerics) or use a new run key"
+            )
+        return dict(record)
+
+    def read_run_info(self) -> dict[str, Any] | None:
+        data = self.read_bytes("run.json")
+        return json.loads(data) if data is not None else None
+
+    # ---- durable cursor ------------------------------------------------------------------------------------
+
+    def read_cursor(self) -> DurableCursor | None:
+        data = self.read_bytes("cursor.json")
+        if data is None:
+            return None
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
+            raise RunConflictError(f"{self.cursor_uri} is not valid JSON ({exc}); restore it from a backup") from exc
+        return DurableCursor.from_dict(parsed, self.cursor_uri)
+
+    def commit_cursor(self, new: DurableCursor) -> bool:
+        """Move the durable cursor to `new` if that is forward (or adds the export); never moves it back."""
+        current = self.read_cursor()
+        if current is not None:
+            if current.fingerprint != new.fingerprint:
+                raise RunConflictError(f"{self.cursor_uri} belongs to plan {current.fingerprint[:12]}, not "
+                                       f"{new.fingerprint[:12]}; the run directory was modified: use a new run key")
+            forward = new.cursor > current.cursor or (new.cursor == current.cursor and (
+                (new.finished and not current.finished) or (new.export is not None and current.export is None)))
+            if not forward:
+                return False
+        self.write_bytes("cursor.json", json.dumps(new.to_dict(), sort_keys=True, indent=1).encode())
+        return True
+
+    def newest_checkpoint_uri(self) -> str | None:
+        """The checkpoint the durable cursor names (what a fresh worker restores), or None for a new run."""
+        cursor = self.read_cursor()
+        return self.checkpoint_uri(cursor.checkpoint) if cursor is not None else None
+
+    # ---- debris --------------------------------------------------------------------------------------------
+
+    def remove_debris(self, export_uri: str | None = None) -> list[str]:
+        """Delete half-written checkpoints, exports and temp files left by a killed run (only while holding the
+        lease). Besides the run directory, the staging folders of `export_uri` (local, next to it) are removed."""
+        removed: list[str] = []
+        for folder in (self.path, f"{self.path}/checkpoints"):
+            if not self.fs.exists(folder):
+                continue
+            for entry in self.fs.ls(folder, detail=False):
+                name = entry.rstrip("/").rsplit("/", 1)[-1]
+                if name.startswith(".") and (".partial-" in name or name.endswith(".tmp")):
+                    self.fs.rm(entry, recursive=True)
+                    removed.append(name)
+        if export_uri is not None and "://" not in export_uri:
+            parent, name = os.path.split(os.path.abspath(os.path.expanduser(export_uri)))
+            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+                if entry.startswith(f".{name}.partial-"):
+                    self.fs.rm(os.path.join(parent, entry), recursive=True)
+                    removed.append(entry)
+        return removed
+
+
+def _manifest_difference(run_key: str, uri: str, existing: bytes, requested: bytes) -> str:
+    try:
+        old, new = json.loads(existing), json.loads(requested)
+    except ValueError:
+        return f"run key {run_key!r} at {uri} holds an unreadable manifest.json; use a new run key"
+    keys = sorted(k for k in set(old) | set(new) if k != "content_address" and old.get(k) != new.get(k))
+    what = "training data or plan" if old.get("fingerprint") != new.get("fingerprint") else "validation data or settings"
+    return (
+        f"run key {run_key!r} at {uri} already holds a different manifest (its {what} differ: {', '.join(keys[:8])}); "
+        "a run key belongs to exactly one plan. Resume with the original data and config, or choose a new run key"
+    )
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

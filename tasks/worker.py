@@ -1,0 +1,366 @@
+"""The process-pinned session worker, seen from the flow process: a torch-free client over a Pipe.
+
+One ``SessionWorker`` owns one spawned child process (``tasks.worker_child``) that holds the model, optimizer and
+RNGs and executes operations strictly in the order they were sent. The client never imports torch.
+
+    worker = SessionWorker(WorkerSpec(model="tiny:span", manifest_uri=".../manifest.json", cpu_threads=1),
+                           restore_locator=run_dir.newest_checkpoint_uri)
+    worker.start()                                   # spawns; the child restores the newest committed checkpoint
+    worker.call("advance", first=0, through=5)       # wait for a result (re-raises remote errors)
+    ticket = worker.submit("advance", first=6, through=6)   # pipelined: send now ...
+    worker.call("advance", first=6, through=6)       # ... and join it later (same result, sent once)
+    worker.close()
+
+Operations are idempotent positions ("advance the session through batch i"), so replaying, re-sending or
+skipping one never changes what the session computes. If the child dies, every outstanding call raises
+``WorkerDied``; the next ``submit`` starts a fresh child from ``restore_locator()`` (a new *incarnation*). A
+remote ``session_core`` error is re-raised as the same class (deterministic); any other remote exception becomes
+``WorkerError`` (transient). A child that raised is never reused: it exits after reporting.
+
+The child is spawned from one long-lived thread of this process, so Linux's parent-death signal (which fires when
+the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.spawn
+import os
+import queue
+import secrets
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import WorkerDied, WorkerError
+
+__all__ = ["SessionWorker", "Ticket", "WorkerSpec"]
+
+logger = logging.getLogger(__name__)
+_CONTEXT = multiprocessing.get_context("spawn")
+_REMOTE_ERROR_MODULES = ("session_core.errors", "tasks.errors")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to build its session: small, picklable, no torch objects."""
+
+    model: str
+    manifest_uri: str
+    cpu_threads: int = 1
+    device: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Ticket:
+    """One operation sent to one worker incarnation; ``result()`` waits for it."""
+
+    __slots__ = ("op_id", "key", "incarnation", "_event", "_ok", "_value")
+
+    def __init__(self, op_id: int, key: tuple[Any, ...], incarnation: str) -> None:
+        self.op_id, self.key, self.incarnation = op_id, key, incarnation
+        self._event = threading.Event()
+        self._ok = False
+        self._value: Any = None
+
+    def resolve(self, ok: bool, value: Any) -> None:
+        if not self._event.is_set():
+            self._ok, self._value = ok, value
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"session worker operation {self.key[0]} did not finish within {timeout} s")
+        if not self._ok:
+            raise self._value
+        return self._value
+
+
+class _Link:
+    """One child process (one incarnation) and the calls outstanding on it."""
+
+    def __init__(self, process: Any, conn: Any, incarnation: str, restored_from: str | None) -> None:
+        self.process, self.conn = process, conn
+        self.incarnation, self.restored_from = incarnation, restored_from
+        self.calls: dict[int, Ticket] = {}
+        self.by_key: dict[tuple[Any, ...], Ticket] = {}
+        self.dead = False
+        self.init: Ticket = Ticket(0, ("init",), incarnation)
+
+
+class SessionWorker:
+    """Client of one session worker process (see the module docstring)."""
+
+    def __init__(self, spec: WorkerSpec, restore_locator: Callable[[], str | None] | None = None,
+                 *, name: str = "gliner2-session-worker") -> None:
+        self.spec = spec
+        self.name = name
+        self._locator = restore_locator or (lambda: None)
+        self._lock = threading.RLock()
+        self._link: _Link | None = None
+        self._next_id = 1
+        self._closed = False
+        self.starts = 0
+
+    # ---- introspection -------------------------------------------------------------------------------------
+
+    @property
+    def incarnation(self) -> str | None:
+        """Identifies the live child: the checkpoint it restored from (or 'fresh') plus a per-start nonce."""
+        link = self._link
+        return link.incarnation if link is not None and not link.dead else None
+
+    @property
+    def restored_from(self) -> str | None:
+        return self._link.restored_from if self._link is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._link.process.pid if self._link is not None else None
+
+    @property
+    def alive(self) -> bool:
+        link = self._link
+        return link is not None and not link.dead and link.process.is_alive()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Make sure a child is running; returns True when this call started one."""
+        with self._lock:
+            if self._closed:
+                raise WorkerDied(f"session worker {self.name} was closed; create a new SessionWorker")
+            if self.alive:
+                return False
+            self._spawn()
+            return True
+
+    def _spawn(self) -> None:
+        restore = self._locator()
+        label = restore.rstrip("/").rsplit("/", 1)[-1] if restore else "fresh"
+        incarnation = f"{label}@{secrets.token_hex(6)}"
+        parent_conn, child_conn = _CONTEXT.Pipe(duplex=True)
+        from .worker_child import worker_main
+
+        process = _CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
+        _spawner().start(process)
+        child_conn.close()
+        link = _Link(process, parent_conn, incarnation, restore)
+        link.calls[0] = link.init
+        parent_conn.send(("init", self.spec.to_dict(), restore))
+        self._link = link
+        self.starts += 1
+        threading.Thread(target=self._read, args=(link,), name=f"{self.name}-reader", daemon=True).start()
+        logger.info("session worker %s started (pid %s, incarnation %s)", self.name, process.pid, incarnation)
+
+    def close(self, timeout: float = 30.0, *, wait: bool = True) -> None:
+        """Ask the child to release its session and exit; kill it if it has not within `timeout`.
+
+        With ``wait=False`` this returns at once and a daemon thread does the waiting (the child writes nothing
+        after "close", so nobody needs to wait for it).
+        """
+        with self._lock:
+            self._closed = True
+            link, self._link = self._link, None
+        if link is None:
+            return
+        if not link.dead:
+            try:
+                link.conn.send(("close",))
+            except (OSError, ValueError):
+                pass
+        if wait:
+            _reap(link.process, timeout)
+        else:
+            threading.Thread(target=_reap, args=(link.process, timeout), name=f"{self.name}-reaper", daemon=True).start()
+
+    def kill(self) -> None:
+        """SIGKILL the child (tests and emergencies); outstanding calls raise WorkerDied."""
+        link = self._link
+        if link is not None and link.process.pid is not None and link.process.is_alive():
+            os.kill(link.process.pid, signal.SIGKILL)
+
+    # ---- operations ----------------------------------------------------------------------------------------
+
+    def submit(self, op: str, **args: Any) -> Ticket:
+        """Send `op` now, or return the identical call sent earlier on this incarnation and not consumed yet
+        (pipelining: a task joins the operation sent ahead for it). Starts a fresh child if needed."""
+        key = (op, tuple(sorted(args.items())))
+        with self._lock:
+            self.start()
+            link = self._link
+            assert link is not None
+            existing = link.by_key.get(key)
+            if existing is not None:
+                return existing
+            ticket = Ticket(self._next_id, key, link.incarnation)
+            self._next_id += 1
+            link.calls[ticket.op_id] = ticket
+            link.by_key[key] = ticket
+            try:
+                link.conn.send((ticket.op_id, op, args))
+            except (OSError, ValueError):
+                pass  # the reader notices the death and fails the ticket
+            return ticket
+
+    def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
+        """Submit `op` (or join the same call sent earlier and not consumed yet) and wait for its result."""
+        ticket = self.submit(op, **args)
+        link = self._link
+        try:
+            return ticket.result(timeout)
+        except WorkerDied:
+            if link is not None and link.init.done() and not link.init._ok:
+                raise link.init._value from None  # the child could not even start: that error is the cause
+            raise
+        finally:
+            if ticket.done():
+                self._forget(ticket)
+
+    def release(self, op: str, **args: Any) -> None:
+        """Drop the record of a call sent ahead that nobody will consume (e.g. its task was a cache hit)."""
+        link = self._link
+        if link is not None:
+            with self._lock:
+                link.by_key.pop((op, tuple(sorted(args.items()))), None)
+
+    def _forget(self, ticket: Ticket) -> None:
+        with self._lock:
+            link = self._link
+            if link is not None and link.by_key.get(ticket.key) is ticket:
+                del link.by_key[ticket.key]
+
+    # ---- reader --------------------------------------------------------------------------------------------
+
+    def _read(self, link: _Link) -> None:
+        while True:
+            ready = multiprocessing.connection.wait([link.conn, link.process.sentinel])
+            if link.conn not in ready:
+                break
+            try:
+                op_id, status, payload = link.conn.recv()
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                if status != "ok":
+                    link.dead = True  # a worker that raised exits; nothing more may be sent to it
+                ticket = link.calls.pop(op_id, None)  # stays in by_key until a caller consumes it
+            if ticket is not None:
+                ticket.resolve(status == "ok", payload if status == "ok" else _remote_error(payload, link))
+        link.process.join(10)
+        self._bury(link)
+
+    def _bury(self, link: _Link) -> None:
+        with self._lock:
+            link.dead = True
+            calls = list(link.calls.values())
+            link.calls.clear()
+            link.by_key.clear()
+        code = link.process.exitcode
+        if code is not None and code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exit code {code}"
+        origin = f"checkpoint {link.restored_from}" if link.restored_from else "the start of the plan"
+        for ticket in calls:
+            ticket.resolve(False, WorkerDied(
+                f"session worker pid {link.process.pid} ({link.incarnation}) died ({how}) before finishing "
+                f"{ticket.key[0]}; a retry starts a fresh worker from the newest committed checkpoint "
+                f"(this one had started from {origin})"
+            ))
+        try:
+            link.conn.close()
+        except OSError:
+            pass
+
+
+def _reap(process: Any, timeout: float) -> None:
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+
+
+def _remote_error(payload: dict[str, Any], link: _Link) -> BaseException:
+    module, name, message = payload.get("module", ""), payload.get("type", "Exception"), payload.get("message", "")
+    if module in _REMOTE_ERROR_MODULES:
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            try:
+                return cls(message)
+            except TypeError:
+                pass
+    return WorkerError(
+        f"{name} in session worker pid {link.process.pid}: {message}; the worker was discarded and a retry "
+        "restarts it from the newest committed checkpoint",
+        payload.get("traceback", ""),
+    )
+
+
+# ---- spawning from one long-lived thread --------------------------------------------------------------------
+
+
+class _Spawner:
+    """Starts child processes from a single daemon thread that lives as long as the process.
+
+    PR_SET_PDEATHSIG is tied to the thread that forked the child: starting workers from Prefect's short-lived
+    task-runner threads would kill them when such a thread exits. This thread only exits with the process.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[Any, queue.Queue[BaseException | None]]] = queue.Queue()
+        threading.Thread(target=self._serve, name="gliner2-worker-spawner", daemon=True).start()
+
+    def start(self, process: Any) -> None:
+        reply: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
+        self._requests.put((process, reply))
+        error = reply.get()
+        if error is not None:
+            raise error
+
+    def _serve(self) -> None:
+        while True:
+            process, reply = self._requests.get()
+            _LOCAL.skip_main = True
+            try:
+                process.start()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                reply.put(exc)
+            else:
+                reply.put(None)
+            finally:
+                _LOCAL.skip_main = False
+
+
+_LOCAL = threading.local()
+_SPAWNER: _Spawner | None = None
+_SPAWNER_LOCK = threading.Lock()
+_ORIGINAL_PREPARATION = multiprocessing.spawn.get_preparation_data
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    """Spawn preparation without re-importing the parent's ``__main__`` (a user script) in the worker."""
+    data = _ORIGINAL_PREPARATION(name)
+    if getattr(_LOCAL, "skip_main", False):
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+    return data
+
+
+def _spawner() -> _Spawner:
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            multiprocessing.spawn.get_preparation_data = _preparation_data  # type: ignore[assignment]
+            _SPAWNER = _Spawner()
+        return _SPAWNER

@@ -1,0 +1,19 @@
+"""Run train_flow in this fresh interpreter (used by crash tests): argv[1] is the JSON of the flow's parameters.
+
+Uses PREFECT_API_URL from the environment (the test server) with flow-run heartbeats off; prints the summary JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+if __name__ == "__main__":
+    import prefect.settings as settings
+    from prefect.settings import temporary_settings
+
+    from flows.train import train_flow
+
+    with temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        summary = train_flow(**json.loads(sys.argv[1]))
+    print(json.dumps(summary))

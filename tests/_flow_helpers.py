@@ -1,0 +1,156 @@
+"""Shared helpers for worker/flow/CLI tests: tiny inputs, direct reference runs, bitwise export comparison,
+subprocess flows and waiting for test-hook markers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+THREADS = 1
+_REFERENCES: dict[tuple[Any, ...], str] = {}
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> str:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return str(path)
+
+
+def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
+    """Training/validation JSONL files of tiny records (deterministic)."""
+    from session_core.tiny import tiny_records
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return {
+        "train": write_jsonl(directory / "train.jsonl", tiny_records(n_train, seed=5)),
+        "valid": write_jsonl(directory / "valid.jsonl", tiny_records(n_valid, seed=99)),
+    }
+
+
+def config(**overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = dict(
+        fp16=False, bf16=False, batch_size=2, gradient_accumulation_steps=2, num_epochs=2, eval_strategy="epoch",
+        seed=11, encoder_lr=1e-3, task_lr=2e-3, warmup_ratio=0.2, lora_r=4, lora_alpha=8.0,
+    )
+    values.update(overrides)
+    if values.get("use_lora"):
+        values.setdefault("lora_dropout", 0.1)
+    return values
+
+
+def tiny_model_dir(root: Path, architecture: str) -> str:
+    """A tiny model directory (hidden 32, dropout 0.1 so RNG streams matter), built once per root."""
+    from session_core.tiny import save_tiny_model
+
+    path = root / f"tiny-{architecture}"
+    if not (path / "model.safetensors").exists():
+        save_tiny_model(path, architecture, seed=3, dropout=0.1)
+    return str(path)
+
+
+def reference_export(model: str, inputs: dict[str, str], cfg: dict[str, Any], out: Path, *,
+                     with_valid: bool = True) -> str:
+    """Export of a direct, uninterrupted in-process ManagedTraining run of the same plan (cached per input)."""
+    key = (model, inputs["train"], inputs["valid"] if with_valid else None, json.dumps(cfg, sort_keys=True))
+    if key in _REFERENCES:
+        return _REFERENCES[key]
+    import torch
+
+    from session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from session_core.records import load_records
+    from tasks.models import load_model, model_architecture
+
+    torch.set_num_threads(THREADS)
+    plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture=model_architecture(model))
+    evals = load_records(inputs["valid"], what="validation").examples() if with_valid else None
+    session = TrainingSession(load_model(model), plan.config, max_steps=plan.max_steps)
+    run = ManagedTraining(session, plan, eval_examples=evals)
+    try:
+        run.run()
+        run.export_weights(str(out), which="best")
+    finally:
+        run.close()
+    _REFERENCES[key] = str(out)
+    return str(out)
+
+
+def export_tensors(directory: str) -> dict[str, Any]:
+    """Every tensor of the export's model.safetensors and adapter weights, keyed by file/name."""
+    import safetensors.torch
+
+    found: dict[str, Any] = {}
+    for path in sorted(Path(directory).rglob("*.safetensors")):
+        relative = path.relative_to(directory)
+        for name, tensor in safetensors.torch.load_file(str(path)).items():
+            found[f"{relative}/{name}"] = tensor
+    return found
+
+
+def assert_same_export(a: str, b: str) -> None:
+    import torch
+
+    left, right = export_tensors(a), export_tensors(b)
+    assert left and sorted(left) == sorted(right), f"different tensor sets: {sorted(set(left) ^ set(right))[:5]}"
+    differing = [k for k in left if left[k].dtype != right[k].dtype or not torch.equal(left[k], right[k])]
+    assert not differing, f"{len(differing)} of {len(left)} tensors differ, e.g. {differing[:3]}"
+
+
+def run_flow(**params: Any) -> dict[str, Any]:
+    from flows.train import train_flow
+
+    params.setdefault("cpu_threads", THREADS)
+    return train_flow(**params)
+
+
+def flow_child(params: dict[str, Any], env: dict[str, str], api_url: str) -> subprocess.Popen[str]:
+    """Run train_flow in a fresh interpreter (tests/_flow_child.py) against the shared test server."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api_url, **env)
+    params = {"cpu_threads": THREADS, **params}
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "_flow_child.py"), json.dumps(params)],
+                            cwd=str(ROOT), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_marker(markers: Path, name: str, process: subprocess.Popen[str] | None = None, timeout: float = 120) -> int:
+    """Wait until a test hook wrote markers/<name>; returns the pid recorded in it."""
+    path = markers / name
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return int(path.read_text())
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"process exited ({process.returncode}) before {name}:\n{process.stdout.read() if process.stdout else ''}")
+        time.sleep(0.05)
+    raise AssertionError(f"marker {name} did not appear within {timeout} s")
+
+
+def kill9(process: subprocess.Popen[str]) -> str:
+    process.send_signal(signal.SIGKILL)
+    output, _ = process.communicate(timeout=30)
+    return output or ""
+
+
+def pid_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if _is_zombie(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True

@@ -1,0 +1,140 @@
+"""The console script: argument errors exit 2, plan/demo/train work, a crashed `train` resumes exactly on re-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _flow_helpers import (
+    ROOT,
+    assert_same_export,
+    config,
+    make_inputs,
+    reference_export,
+    wait_for_marker,
+)
+from _prefect_fixtures import prefect_server  # noqa: F401  (fixture, used by the demo test only)
+
+from flows.cli import main
+from session_core import ManagedTrainingPlan, TrainingConfig
+from session_core.tiny import tiny_records
+from tasks.rundir import RunDirectory
+
+HEAVY = ("torch", "numpy", "transformers", "gliner2", "peft", "safetensors")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("cli")
+    inputs = make_inputs(root / "data")
+    (root / "config.json").write_text(json.dumps(config()))
+    (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config().items()))
+    return {"root": str(root), "config": str(root / "config.json"), "yaml": str(root / "config.yaml"), **inputs}
+
+
+def _train_args(files: dict[str, str], **overrides: str) -> list[str]:
+    values = {"--model": "tiny:span", "--train": files["train"], "--valid": files["valid"], "--config": files["config"],
+              "--run-key": "cli", "--storage": os.path.join(files["root"], "runs"), **overrides}
+    return ["train", *[item for pair in values.items() for item in pair]]
+
+
+def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in [
+        ([], "the following arguments are required"),
+        (["train", "--model", "tiny:span"], "required: --train, --config"),
+        (_train_args(files) + ["--checkpoint-every", "-1"], "must be >= 0"),
+        (_train_args(files) + ["--batches-per-task", "x"], "must be an integer"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2 and message in capsys.readouterr().err
+    bad_config = Path(files["root"]) / "bad.yaml"
+    for text, message in [("fp16: false\nbf16: false\nbatch_size: 0\n", "batch_size must be >= 1"),
+                          ("fp16: false\nbf16: false\nbatch_sise: 2\n", "did you mean 'batch_size'"),
+                          ("batch_size: 2\n", "precision must be explicit")]:
+        bad_config.write_text(text)
+        assert main(_train_args(files, **{"--config": str(bad_config)})) == 2
+        assert message in capsys.readouterr().err
+    for overrides, message in [({"--run-key": "../x"}, "invalid run key"),
+                               ({"--train": "/no/such/train.jsonl"}, "does not exist"),
+                               ({"--model": "./no/such/model"}, "is not a model directory"),
+                               ({"--model": "tiny:gpt"}, "unknown built-in model"),
+                               ({"--config": files["root"] + "/config.txt"}, "must end in .json, .yaml or .yml")]:
+        assert main(_train_args(files, **overrides)) == 2
+        assert message in capsys.readouterr().err
+    run_dir = RunDirectory(os.path.join(files["root"], "runs"), "taken")
+    run_dir.create()
+    other = ManagedTrainingPlan(tiny_records(6, seed=1), TrainingConfig.from_dict(config()), architecture="span")
+    run_dir.ensure_manifest(other.manifest_bytes())
+    assert main(_train_args(files, **{"--run-key": "taken"})) == 2
+    assert "already holds a different manifest" in capsys.readouterr().err
+
+
+def test_plan_prints_and_writes_a_manifest(files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "manifest.json"
+    argv = ["plan", "--model", "tiny:boundary", "--train", files["train"], "--valid", files["valid"], "--config", files["yaml"]]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "12 batches over 2 epoch(s), 6 optimizer updates, 2 validation point(s)" in printed
+    manifest = json.loads(out.read_text())
+    assert manifest["architecture"] == "boundary" and manifest["fingerprint"] in printed
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert main([*argv, "--print"]) == 0
+    assert json.loads(capsys.readouterr().out)["content_address"] == manifest["content_address"]
+
+
+def _cli(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    script = os.path.join(os.path.dirname(sys.executable), "prefect-gliner2")
+    return subprocess.Popen([script, *argv], cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str, str], tmp_path: Path) -> None:
+    """No PREFECT_API_URL: the CLI starts Prefect's ephemeral server; kill -9 mid-run, re-run, exact result."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    argv = _train_args(files, **{"--run-key": "cli-crash", "--export": str(tmp_path / "model")}) + [
+        "--checkpoint-every", "2", "--cpu-threads", "1"]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    crashed = _cli(argv, {**env, "PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": "batch:9:120"})
+    try:
+        wait_for_marker(markers, "batch-9", timeout=180)
+    finally:
+        os.killpg(crashed.pid, signal.SIGKILL)  # the CLI, its ephemeral server and its worker
+        crashed.communicate(timeout=30)
+    resumed = _cli(argv, env)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out + err[-4000:]
+    assert f"model (best weights): {tmp_path / 'model'}" in out
+    assert "resuming run cli-crash from checkpoint step-000004-batch-000007" in err
+    assert "batch 12/12 · step 6/6 · epoch 2/2" in err  # the progress bar (stderr)
+    reference = reference_export("tiny:span", files, config(), tmp_path / "direct")
+    assert_same_export(str(tmp_path / "model"), reference)
+
+
+def test_demo_trains_the_tiny_model_offline(prefect_server: str, tmp_path: Path,  # noqa: F811
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
+    assert json.loads((tmp_path / "demo" / "model" / "export.json").read_text())["label"] == "best"
+    assert (tmp_path / "demo" / "runs" / "demo" / "cursor.json").exists()
+
+
+def test_flow_and_cli_modules_do_not_import_torch() -> None:
+    script = (
+        "import sys; import flows.train, flows.cli, flows.demo, tasks.driver, tasks.worker, tasks.worker_child; "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT),
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "none"
+

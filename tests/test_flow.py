@@ -1,0 +1,348 @@
+"""The training flow in this process: exact equality with a direct run, retries, caching, refusals, UI reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from _flow_helpers import (
+    assert_same_export,
+    config,
+    make_inputs,
+    reference_export,
+    run_flow,
+    tiny_model_dir,
+)
+from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
+
+from session_core import ManagedTrainingPlan, TrainingConfig
+from session_core.tiny import tiny_records
+from tasks import checkpoints as checkpoint_tasks
+from tasks.errors import RunConflictError, RunKeyError, RunLockedError
+from tasks.lease import RunLease
+from tasks.rundir import RunDirectory
+from tasks.worker import SessionWorker
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("flow")
+    return {"root": root, "inputs": make_inputs(root / "data"), "span": tiny_model_dir(root, "span"),
+            "boundary": tiny_model_dir(root, "boundary")}
+
+
+def _task_runs(flow_run_id: str, timeout: float = 30.0) -> list[Any]:
+    """The flow run's task runs once the server has recorded them all in a final state (it does so from events,
+    asynchronously: poll until every state is final and the set stops growing)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    query = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)]))
+    deadline, previous = time.monotonic() + timeout, -1
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = list(client.read_task_runs(flow_run_filter=query))
+            settled = all(r.state is not None and r.state.is_final() for r in runs)
+            if (settled and len(runs) == previous) or time.monotonic() > deadline:
+                return runs
+            previous = len(runs) if settled else -1
+            time.sleep(0.5)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[dict[str, Any]] = []
+    original = checkpoint_tasks.emit_event
+    monkeypatch.setattr(checkpoint_tasks, "emit_event", lambda **kw: events.append(kw) or original(**kw))
+    storage = space["root"] / "runs"
+    summary = run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                       config=config(), run_key="span-full", storage=str(storage), checkpoint_every=2)
+    reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
+    assert_same_export(summary["export"], reference)
+    assert summary["label"] == "best" and summary["total_steps"] == 6 and summary["worker_starts"] == 1
+    run = storage / "span-full"
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step-000002-batch-000003", "step-000003-batch-000005", "step-000004-batch-000007",
+                     "step-000006-batch-000011"]
+    cursor = json.loads((run / "cursor.json").read_text())
+    assert (cursor["checkpoint"], cursor["cursor"], cursor["finished"]) == (names[-1], 12, True)
+    assert cursor["export"] == summary["export"] == str(run / "export")
+    for path in (run, run / "checkpoints", run / "checkpoints" / names[0]):
+        assert _mode(path) == 0o700, path
+    for path in (run / "manifest.json", run / "cursor.json", run / "run.json", run / "checkpoints" / names[0] / "weights.safetensors"):
+        assert _mode(path) == 0o600, path
+    assert [e["payload"]["name"] for e in events] == names
+    assert events[0]["resource"]["prefect.resource.id"] == "prefect-gliner2.run.span-full"
+    _assert_ui(summary["flow_run_id"])
+    again = run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                     config=config(), run_key="span-full", storage=str(storage), checkpoint_every=2)
+    assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
+
+
+def _assert_ui(flow_run_id: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(UUID(flow_run_id))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)])))
+        deadline = time.monotonic() + 20  # labels are patched best effort, in the background
+        while flow_run.labels.get("prefect-gliner2.step") != 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            flow_run = client.read_flow_run(UUID(flow_run_id))
+    assert "batch 12/12" in flow_run.name and "step 6/6" in flow_run.name
+    assert flow_run.labels["prefect-gliner2.step"] == 6 and flow_run.labels["prefect-gliner2.run-key"] == "span-full"
+    kinds = {a.key: a for a in sorted(artifacts, key=lambda a: a.created)}  # the newest version of each key
+    assert kinds["gliner2-span-full-progress"].data == 100.0
+    assert "best eval_loss" in kinds["gliner2-span-full-summary"].data
+    assert json.loads(kinds["gliner2-span-full-validation"].data)[-1]["step"] == 6
+
+
+def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str, Any], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of 3 batches, operations sent 2 units ahead, and a worker SIGKILL with operations in flight."""
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:9:{tmp_path / 'died'}")
+    cfg = config(use_lora=True)
+    summary = run_flow(model=space["boundary"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                       config=cfg, run_key="boundary-lora", storage=str(space["root"] / "runs"), checkpoint_every=2,
+                       batches_per_task=3, pipeline_depth=2)
+    reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-lora")
+    assert (Path(summary["export"]) / "adapter").is_dir()
+    assert_same_export(summary["export"], reference)
+    runs = _task_runs(summary["flow_run_id"])
+    names = {t.name for t in runs}
+    assert {"batches 0-2", "batches 3-3", "checkpoint step 2 batch 3", "batches 8-10", "export best model"} <= names
+    assert summary["worker_starts"] == 2 and [t.name for t in runs if t.run_count > 1] == ["batches 8-10"]
+    checkpoints = sorted(p.name for p in (space["root"] / "runs" / "boundary-lora" / "checkpoints").iterdir())
+    assert checkpoints == ["step-000002-batch-000003", "step-000003-batch-000005", "step-000004-batch-000007",
+                           "step-000006-batch-000011"]
+
+
+def test_worker_death_and_transient_errors_are_retried_exactly(space: dict[str, Any], tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(use_lora=True)
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:4:{tmp_path / 'died'}")
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"batch:9:{tmp_path / 'raised'}")
+    summary = run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                       config=cfg, run_key="span-lora-faults", storage=str(space["root"] / "runs"), checkpoint_every=1)
+    assert (tmp_path / "died").exists() and (tmp_path / "raised").exists()
+    assert summary["worker_starts"] == 3
+    retried = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.run_count > 1)
+    assert retried == ["batches 4-4", "batches 9-9"]
+    assert_same_export(summary["export"], reference_export(space["span"], space["inputs"], cfg, space["root"] / "ref-span-lora"))
+
+
+def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.train import train_flow
+
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:8:{tmp_path / 'raised'}")
+    summary = train_flow.with_options(retries=1)(
+        model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"], config=config(),
+        run_key="span-flow-retry", storage=str(space["root"] / "runs"), checkpoint_every=0, cpu_threads=1)
+    assert (tmp_path / "raised").exists() and summary["worker_starts"] == 1
+    assert summary["resumed_from_batch"] == 6  # the epoch-end checkpoint after batch 5
+    cached = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.state.name == "Cached")
+    assert cached == ["batches 6-6", "batches 7-7", "batches 8-8"]  # same worker incarnation: correct to reuse
+    reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
+    assert_same_export(summary["export"], reference)
+
+
+def test_a_cache_hit_after_restore_cannot_skip_work(space: dict[str, Any], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Force cache collisions across worker restarts: the hits are harmless because operations are positions."""
+    monkeypatch.setattr(SessionWorker, "incarnation", property(lambda self: "constant" if self.alive else None))
+    params = dict(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                  config=config(), run_key="span-cache", storage=str(space["root"] / "runs"), checkpoint_every=0)
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:9:{tmp_path / 'raised'}")
+    with pytest.raises(RuntimeError, match="injected transient failure"):
+        run_flow(**params)
+    monkeypatch.delenv("PREFECT_GLINER2_TEST_RAISE")
+    summary = run_flow(**params)
+    assert summary["resumed_from_batch"] == 6 and summary["worker_starts"] == 1
+    runs = {t.name: t for t in _task_runs(summary["flow_run_id"])}
+    assert [runs[f"batches {i}-{i}"].state.name for i in range(6, 11)] == ["Cached"] * 4 + ["Completed"]
+    with_replay = runs["batches 10-10"].state.result()
+    assert with_replay["replayed"] == 4  # batches 6-9 were skipped by the cache and replayed by the worker
+    reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
+    assert_same_export(summary["export"], reference)
+
+
+def test_cache_key_changes_with_every_worker_incarnation(space: dict[str, Any]) -> None:
+    from tasks import registry
+    from tasks.training import position_cache_key
+
+    class Worker:
+        incarnation = "step-000003-batch-000005@aaaa"
+
+    class Context:
+        class task:  # noqa: N801 - mimics TaskRunContext.task
+            name = "train-batches"
+
+    live = registry.LiveRun("k", None, "fp", "ca", Worker(), None)  # type: ignore[arg-type]
+    registry.register(live)
+    try:
+        params = {"run_key": "k", "first": 6, "through": 6}
+        first = position_cache_key(Context, params)
+        Worker.incarnation = "step-000003-batch-000005@bbbb"  # same checkpoint, new worker process
+        assert position_cache_key(Context, params) != first
+        assert position_cache_key(Context, {**params, "through": 7}) != position_cache_key(Context, params)
+        Worker.incarnation = None  # type: ignore[assignment]  (no live worker: no caching at all)
+        assert position_cache_key(Context, params) is None
+    finally:
+        registry.unregister("k", close=False)
+
+
+def test_early_stopping_is_checkpointed_and_exports_the_best(space: dict[str, Any]) -> None:
+    cfg = config(eval_strategy="steps", eval_steps=1, early_stopping=True, early_stopping_patience=1,
+                 early_stopping_threshold=1e9)
+    summary = run_flow(model=space["boundary"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                       config=cfg, run_key="boundary-early", storage=str(space["root"] / "runs"), checkpoint_every=0)
+    assert summary["stopped_early"] and summary["total_steps"] == 2
+    cursor = json.loads((space["root"] / "runs" / "boundary-early" / "cursor.json").read_text())
+    assert cursor["finished"] and cursor["checkpoint"] == "step-000002-batch-000003"
+    reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-early")
+    assert_same_export(summary["export"], reference)
+
+
+def test_refusals(space: dict[str, Any]) -> None:
+    storage = str(space["root"] / "refusals")
+    base = dict(model=space["span"], train_data=space["inputs"]["train"], config=config(), storage=storage)
+    for bad in ("../x", "a/b", "", ".hidden", "x" * 129, "semi;colon"):
+        with pytest.raises(RunKeyError, match="invalid run key"):
+            run_flow(**base, run_key=bad)
+    other = ManagedTrainingPlan(tiny_records(10, seed=1), TrainingConfig.from_dict(config()), architecture="span")
+    run_dir = RunDirectory(storage, "taken")
+    run_dir.create()
+    run_dir.ensure_manifest(other.manifest_bytes())
+    with pytest.raises(RunConflictError, match="already holds a different manifest.*training data or plan"):
+        run_flow(**base, run_key="taken")
+    busy = RunDirectory(storage, "busy")
+    busy.create()
+    with RunLease(busy, flow_run_id="someone-else"), pytest.raises(RunLockedError, match="in use by another live run"):
+        run_flow(**base, run_key="busy")
+    assert not any(name.startswith("step-") for name in os.listdir(busy.path + "/checkpoints"))
+
+
+def test_a_tampered_checkpoint_fails_at_once_without_retries(space: dict[str, Any]) -> None:
+    """Deterministic errors (here CheckpointError on restore) are not retried: one attempt, a clear message."""
+    import shutil
+
+    from session_core.errors import CheckpointError
+
+    storage = space["root"] / "runs"
+    source = storage / "span-full"
+    if not (source / "cursor.json").exists():
+        pytest.skip("needs the span-full run of test_span_full_run_matches_direct_run_and_reports")
+    shutil.copytree(source, storage / "span-tampered", ignore=shutil.ignore_patterns("export", ".lease"))
+    run = storage / "span-tampered"
+    cursor = json.loads((run / "cursor.json").read_text())
+    cursor.update(checkpoint="step-000002-batch-000003", cursor=4, step=2, epoch=0, finished=False, export=None,
+                  summary=None)
+    (run / "cursor.json").write_text(json.dumps(cursor))
+    weights = run / "checkpoints" / "step-000002-batch-000003" / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
+    with pytest.raises(CheckpointError, match="does not match its recorded sha256"):
+        run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
+                 config=config(), run_key="span-tampered", storage=str(storage), checkpoint_every=2)
+    flow_run_id = json.loads((run / ".lease").read_text())["flow_run_id"]
+    attempts = [t.run_count for t in _task_runs(flow_run_id) if t.name.startswith("batches")]
+    assert attempts == [1]
+
+
+# ---- run directory, durable cursor, lease and schedule (no training) --------------------------------------------
+
+
+def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path) -> None:
+    from tasks.rundir import DurableCursor
+
+    run_dir = RunDirectory(str(tmp_path), "r")
+    run_dir.create()
+
+    def at(cursor: int, **extra: Any) -> DurableCursor:
+        return DurableCursor(checkpoint=f"c{cursor}", cursor=cursor, step=cursor, epoch=0, finished=False,
+                             fingerprint="fp", **extra)
+
+    assert run_dir.commit_cursor(at(4)) and run_dir.read_cursor().cursor == 4  # type: ignore[union-attr]
+    assert not run_dir.commit_cursor(at(2)) and not run_dir.commit_cursor(at(4))
+    assert run_dir.commit_cursor(at(8)) and run_dir.newest_checkpoint_uri() == run_dir.checkpoint_uri("c8")
+    assert run_dir.commit_cursor(at(8, export="/x")) and run_dir.read_cursor().export == "/x"  # type: ignore[union-attr]
+    with pytest.raises(RunConflictError, match="belongs to plan"):
+        run_dir.commit_cursor(DurableCursor("c9", 9, 9, 0, False, "other-plan"))
+    (tmp_path / "r" / "checkpoints" / ".step-000001-batch-000001.partial-1-ab").mkdir()
+    (tmp_path / "r" / ".cursor.json.x.tmp").write_text("")
+    assert sorted(run_dir.remove_debris()) == [".cursor.json.x.tmp", ".step-000001-batch-000001.partial-1-ab"]
+    assert _mode(tmp_path / "r") == 0o700 and _mode(tmp_path / "r" / "cursor.json") == 0o600
+
+
+def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from _flow_helpers import ROOT, pid_gone
+
+    run_dir = RunDirectory(str(tmp_path), "leased")
+    run_dir.create()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from tasks.lease import RunLease; from tasks.rundir import RunDirectory; "
+         f"RunLease(RunDirectory({str(tmp_path)!r}, 'leased'), flow_run_id='holder').acquire(); print('held', flush=True); "
+         "time.sleep(600)"], cwd=str(ROOT), stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunLockedError, match=f"pid {holder.pid} .*flow run holder"):
+        RunLease(run_dir).acquire()
+    holder.kill()  # kill -9: the kernel drops the flock
+    holder.wait(10)
+    assert pid_gone(holder.pid)
+    with RunLease(run_dir) as lease:
+        assert lease.held
+
+
+def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
+    import uuid
+
+    storage = f"memory://leases-{uuid.uuid4().hex}"
+    run_dir = RunDirectory(storage, "remote")
+    run_dir.create()
+    first = RunLease(run_dir, flow_run_id="one", ttl=0.6)
+    first.acquire()
+    with pytest.raises(RunLockedError, match="flow run one"):
+        RunLease(run_dir, ttl=0.6).acquire()
+    time.sleep(1.0)  # the heartbeat keeps renewing it
+    with pytest.raises(RunLockedError):
+        RunLease(run_dir, ttl=0.6).acquire()
+    first._stop.set()  # the holder "dies": no more heartbeats
+    time.sleep(1.0)
+    second = RunLease(run_dir, flow_run_id="two", ttl=0.6)
+    second.acquire()  # the stale lease is taken over
+    time.sleep(0.1)
+    first._stop.clear()
+    first._heartbeat_once()
+    with pytest.raises(RunLockedError, match="taken over"):
+        first.check()
+    second.release()
+
+
+def test_schedule_units_never_straddle_validation_or_checkpoints(space: dict[str, Any]) -> None:
+    from tasks.schedule import Unit, units
+
+    plan = ManagedTrainingPlan(space["inputs"]["train"], TrainingConfig.from_dict(config()), architecture="span")
+    found = list(units(plan, 4, batches_per_task=3, checkpoint_every=2, validate=True))
+    assert found == [
+        Unit("advance", 4, 5), Unit("validate", 5, 5), Unit("checkpoint", 5, 5, 3),
+        Unit("advance", 6, 7), Unit("checkpoint", 7, 7, 4),
+        Unit("advance", 8, 10), Unit("advance", 11, 11), Unit("validate", 11, 11), Unit("checkpoint", 11, 11, 6),
+    ]
+    per_batch = list(units(plan, 0, batches_per_task=1, checkpoint_every=0, validate=False))
+    assert [u.through for u in per_batch if u.kind == "advance"] == list(range(12))
+    assert [u.through for u in per_batch if u.kind == "checkpoint"] == [5, 11]

@@ -1,0 +1,142 @@
+"""The session worker process and its client: order, idempotence, parent death, kill -> WorkerDied -> exact restart."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from _flow_helpers import (
+    ROOT,
+    THREADS,
+    assert_same_export,
+    config,
+    make_inputs,
+    pid_gone,
+    reference_export,
+    tiny_model_dir,
+    wait_for_marker,
+)
+
+from session_core import ManagedTrainingPlan, TrainingConfig
+from session_core.errors import CheckpointError
+from tasks.errors import WorkerDied, WorkerError, is_transient
+from tasks.rundir import RunDirectory
+from tasks.worker import SessionWorker, WorkerSpec
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A span run directory with a manifest (12 records, batch 2, accumulation 2, 2 epochs: 12 batches)."""
+    root = tmp_path_factory.mktemp("worker")
+    inputs = make_inputs(root / "data")
+    cfg = config()
+    plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture="span")
+    run_dir = RunDirectory(str(root / "runs"), "w")
+    run_dir.create()
+    run_dir.ensure_manifest(plan.manifest_bytes(inputs["valid"]))
+    return {"root": str(root), "manifest": run_dir.manifest_uri, "model": tiny_model_dir(root, "span"), **inputs}
+
+
+def _worker(run: dict[str, str], locator=None) -> SessionWorker:  # type: ignore[no-untyped-def]
+    return SessionWorker(WorkerSpec(run["model"], run["manifest"], THREADS), restore_locator=locator)
+
+
+def test_operations_run_in_order_and_are_idempotent(run: dict[str, str]) -> None:
+    worker = _worker(run)
+    try:
+        first = worker.call("advance", first=0, through=1)
+        assert (first["cursor"], first["step"], first["replayed"]) == (2, 1, 0)
+        tickets = [worker.submit("advance", first=i, through=i) for i in range(2, 6)]
+        assert worker.submit("advance", first=5, through=5) is tickets[-1]  # joins the outstanding call
+        assert [t.result(60)["cursor"] for t in tickets] == [3, 4, 5, 6]
+        again = worker.call("advance", first=0, through=1)  # already past: the recorded history, no work
+        assert again["cursor"] == 6 and again["updates"] == first["updates"]
+        jump = worker.call("validate", index=5)  # validation after batch 5 (epoch end) runs now, exactly once
+        assert jump["metrics"]["batch"] == 5 and jump["best_step"] == 3
+        assert worker.call("validate", index=5)["metrics"] == jump["metrics"]
+        status = worker.call("status")
+        assert status["cpu_threads"] == THREADS and status["cursor"] == 6 and not status["validation_due"]
+    finally:
+        worker.close()
+    assert worker.pid is None or pid_gone(worker.pid or 0)
+
+
+def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint = str(tmp_path / "step-000002-batch-000003")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_MARKERS", str(markers))
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_PAUSE", "batch:9:1")
+    restore: list[str | None] = [None]
+    worker = _worker(run, locator=lambda: restore[0])
+    try:
+        worker.call("advance", first=0, through=2)
+        assert worker.call("checkpoint", index=3, uri=checkpoint)["committed"]  # advances to 3 itself
+        restore[0] = checkpoint
+        worker.call("advance", first=4, through=8)
+        first_pid, first_incarnation = worker.pid, worker.incarnation
+        in_flight = worker.submit("advance", first=9, through=9)
+        assert wait_for_marker(markers, "batch-9") == first_pid
+        worker.kill()  # SIGKILL mid-operation
+        with pytest.raises(WorkerDied) as died:
+            in_flight.result(60)
+        assert is_transient(died.value) and "newest committed checkpoint" in str(died.value)
+        assert pid_gone(first_pid or 0)
+        resumed = worker.call("advance", first=9, through=9)  # fresh worker from the checkpoint, replays 4..8
+        assert resumed["replayed"] == 5 and resumed["cursor"] == 10
+        assert worker.incarnation != first_incarnation and worker.restored_from == checkpoint
+        assert worker.incarnation and worker.incarnation.startswith("step-000002-batch-000003@")
+        worker.call("export", uri=str(tmp_path / "export"), which="best")
+    finally:
+        worker.close()
+    direct = reference_export(run["model"], run, config(), tmp_path / "direct")
+    assert_same_export(str(tmp_path / "export"), direct)
+
+
+def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = _worker(run, locator=lambda: str(tmp_path / "no-such-checkpoint"))
+    try:
+        with pytest.raises(CheckpointError, match="no committed checkpoint") as refused:
+            broken.call("status")
+        assert not is_transient(refused.value)
+    finally:
+        broken.close()
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"batch:1:{tmp_path / 'raised-once'}")
+    worker = _worker(run)
+    try:
+        with pytest.raises(WorkerError, match="injected transient failure") as failed:
+            worker.call("advance", first=0, through=2)
+        assert is_transient(failed.value) and "RuntimeError" in str(failed.value)
+        assert worker.call("advance", first=0, through=2)["cursor"] == 3  # a fresh worker; the hook fired once
+        assert worker.starts == 2
+    finally:
+        worker.close()
+
+
+_PARENT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from tasks.worker import SessionWorker, WorkerSpec
+    worker = SessionWorker(WorkerSpec({model!r}, {manifest!r}, 1))
+    worker.call("status")  # fully up: restored and serving
+    print(worker.pid, flush=True)
+    if sys.argv[1] == "wait":
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("how", ["kill-9", "plain-exit"])
+def test_worker_exits_when_its_parent_dies(run: dict[str, str], how: str) -> None:
+    script = _PARENT.format(root=str(ROOT), model=run["model"], manifest=run["manifest"])
+    parent = subprocess.Popen([sys.executable, "-c", script, "wait" if how == "kill-9" else "exit"],
+                              stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    if how == "kill-9":
+        parent.kill()  # SIGKILL: no atexit, no close(); PR_SET_PDEATHSIG takes the worker down
+    parent.wait(30)
+    assert pid_gone(child, timeout=15), f"worker {child} survived its parent ({how})"
