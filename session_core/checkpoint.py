@@ -24,7 +24,11 @@ INDEX_FILE = "checkpoint.json"
 FORMAT_NAME = "prefect-gliner2/checkpoint"
 FORMAT_VERSION = 1
 
-__all__ = ["FORMAT_VERSION", "INDEX_FILE", "CheckpointFiles", "checkpoint_exists", "read_checkpoint", "write_checkpoint"]
+__all__ = ["FORMAT_VERSION", "INDEX_FILE", "STAGING_MARKER", "CheckpointFiles", "checkpoint_exists", "checkpoint_meta",
+           "read_checkpoint", "write_checkpoint"]
+
+# Local writes stage into a hidden sibling named ".<name>.partial-<pid>-<random>"; cleaners may rely on this marker.
+STAGING_MARKER = ".partial-"
 
 
 @dataclass
@@ -54,6 +58,23 @@ def checkpoint_exists(uri: str) -> bool:
     """True when `uri` holds a committed checkpoint index (contents are not verified here)."""
     fs, path = fsspec.core.url_to_fs(uri)
     return bool(fs.exists(f"{path.rstrip('/')}/{INDEX_FILE}"))
+
+
+def checkpoint_meta(uri: str) -> dict[str, Any] | None:
+    """The index's `meta` of a committed checkpoint without reading its files (None when there is no index).
+
+    Cheap, for finding and describing checkpoints; `read_checkpoint` still verifies everything before a restore.
+    """
+    fs, path = fsspec.core.url_to_fs(uri)
+    index_path = f"{path.rstrip('/')}/{INDEX_FILE}"
+    if not fs.exists(index_path):
+        return None
+    try:
+        index = json.loads(fs.cat_file(index_path))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint index {index_path} is not valid JSON ({exc}); the checkpoint is damaged") from exc
+    meta = index.get("meta") if isinstance(index, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) -> str:
@@ -89,7 +110,7 @@ def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) ->
 def _write_local(path: str, files: dict[str, bytes], index_bytes: bytes) -> None:
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    staging = os.path.join(parent, f".{os.path.basename(path)}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+    staging = os.path.join(parent, f".{os.path.basename(path)}{STAGING_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
     os.mkdir(staging, 0o700)
     try:
         for name, data in [*files.items(), (INDEX_FILE, index_bytes)]:

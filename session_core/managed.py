@@ -79,6 +79,11 @@ class ManagedTraining:
         """True when the plan is exhausted (and its last validation done) or early stopping fired."""
         return self.stopped_early or (self.cursor >= self.plan.batch_count and not self.validation_due)
 
+    @property
+    def has_best(self) -> bool:
+        """True when validation selected best weights (kept as a detached CPU copy)."""
+        return self.best_state is not None
+
     def run(self, on_step: StepCallback | None = None, *, until: int | None = None) -> dict[str, Any]:
         """Train to the end of the plan (or early stop, or batch index `until`); returns the native summary."""
         stop = self.plan.batch_count if until is None else min(until, self.plan.batch_count)

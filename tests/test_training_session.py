@@ -440,3 +440,15 @@ def test_checkpoints_and_exports_work_on_any_fsspec_storage():
     assert run_direct(resumed, plan, start=4) == tail
     assert_bitwise_equal(snapshot(resumed), expected)
     assert load_exported_model("memory://sessions/export").architecture == "boundary"
+
+
+def test_checkpoint_meta_reads_the_index_only(tmp_path):
+    from session_core.checkpoint import checkpoint_meta
+
+    session, plan = new_session("span", False)
+    run_direct(session, plan, stop=2)
+    assert checkpoint_meta(str(tmp_path / "none")) is None
+    session.save_state(str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt" / "weights.safetensors").write_bytes(b"damaged")  # not read by checkpoint_meta
+    meta = checkpoint_meta(str(tmp_path / "ckpt"))
+    assert meta["kind"] == "session" and meta["step"] == session.step and meta["pending_micro_batches"] == 2
