@@ -180,6 +180,7 @@ def train_flow(
     pipeline_depth: Annotated[int, Field(ge=0, le=64)] = 0,
     device: str | None = None,
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
+    init_weights: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -197,10 +198,15 @@ def train_flow(
         pipeline_depth: Operations sent to the worker ahead of their task (0: none).
         device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
         cpu_threads: Torch threads in the worker (recorded on first use; default: all CPUs available).
+        init_weights: Start a new run from these weights (fresh optimizer and schedule): a native model directory,
+            a PEFT adapter directory, an export directory (its adapter/ is used for LoRA) or a session checkpoint.
+            Recorded with the run: a resume must pass the same value.
     """
     logger = get_run_logger()
     prepared = prepare_run(model, train_data, valid_data, config.to_training_config() if config else None,
                            run_key, storage)
+    if init_weights is not None:
+        _check_init_weights(init_weights)
     run_dir = prepared.run_dir
     flow_run_id = _flow_run_id()
     run_dir.create()
@@ -210,7 +216,8 @@ def train_flow(
     try:
         export_uri = export_to or run_dir.default_export_uri
         done = _completed(run_dir, export_uri)
-        live = _open(prepared, lease, flow_run_id, device, cpu_threads, prewarm=done is None, export_uri=export_uri)
+        live = _open(prepared, lease, flow_run_id, device, cpu_threads, prewarm=done is None, export_uri=export_uri,
+                     init_weights=init_weights)
         logger.info("run %s at %s: %d batches, %d updates, plan %s", run_dir.run_key, run_dir.uri,
                     prepared.plan.batch_count, prepared.plan.max_steps, prepared.plan.fingerprint[:12])
         if done is not None:
@@ -232,7 +239,7 @@ def train_flow(
 
 
 def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, device: str | None,
-          cpu_threads: int | None, *, prewarm: bool, export_uri: str) -> LiveRun:
+          cpu_threads: int | None, *, prewarm: bool, export_uri: str, init_weights: str | None = None) -> LiveRun:
     """Inside the lease: clean debris, write/check the manifest and settings, start (or reuse) the worker."""
     run_dir = prepared.run_dir
     logger = get_run_logger()
@@ -243,8 +250,10 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
         logger.info("new run %s: manifest written to %s", run_dir.run_key, run_dir.manifest_uri)
     recorded = run_dir.read_run_info() or {}
     threads = cpu_threads or recorded.get("cpu_threads") or default_cpu_threads()
-    run_dir.ensure_run_info({"model": prepared.model, "device": device or "auto", "cpu_threads": threads})
-    spec = WorkerSpec(model=prepared.model, manifest_uri=run_dir.manifest_uri, cpu_threads=threads, device=device)
+    run_dir.ensure_run_info({"model": prepared.model, "device": device or "auto", "cpu_threads": threads,
+                             "init_weights": init_weights})
+    spec = WorkerSpec(model=prepared.model, manifest_uri=run_dir.manifest_uri, cpu_threads=threads, device=device,
+                      init_weights=init_weights)
     existing = registry.lookup(run_dir.run_key)
     if (existing is not None and existing.flow_run_id == flow_run_id and existing.worker.alive
             and existing.worker.spec == spec and existing.content_address == prepared.content_address):
@@ -259,6 +268,13 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
                    flow_run_id, prepared.plan)
     registry.register(live)
     return live
+
+
+def _check_init_weights(uri: str) -> None:
+    fs, path = fsspec.core.url_to_fs(uri)
+    if not fs.isdir(path):
+        raise ConfigError(f"init_weights {uri!r} is not a directory; pass a model, adapter, export or checkpoint "
+                          "directory")
 
 
 def _completed(run_dir: RunDirectory, export_uri: str) -> dict[str, Any] | None:

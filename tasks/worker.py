@@ -54,6 +54,7 @@ class WorkerSpec:
     manifest_uri: str
     cpu_threads: int = 1
     device: str | None = None
+    init_weights: str | None = None  # weights a fresh run starts from (not applied when restoring a checkpoint)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -121,13 +121,20 @@ class SessionRunner:
 
         loaded = ManagedTrainingPlan.from_manifest(spec["manifest_uri"])
         self.plan = loaded.plan
-        model = load_model(spec["model"])
+        lora = bool(self.plan.config.use_lora)
+        init = init_weights_dir(str(spec["init_weights"]), lora) if spec.get("init_weights") else None
+        # New LoRA adapters over a full model's weights: that model *is* the frozen base, on a fresh start and on
+        # every restore alike (a restore checks the base weights' hash), so load it as the base model.
+        base_from_init = init is not None and lora and _is_native_model_dir(init)
+        model = load_model(init if base_from_init else spec["model"])
         session = TrainingSession(model, self.plan.config, max_steps=self.plan.max_steps, device=spec.get("device"))
         evals = loaded.eval_examples
         self.run = ManagedTraining(session, self.plan, eval_examples=evals if evals else None)
         self.restored_from = restore_uri
         if restore_uri:
-            self.run.load_state(restore_uri)
+            self.run.load_state(restore_uri)  # restores everything, including what init_weights had loaded
+        elif init is not None and not base_from_init:
+            session.load_weights(init)
         self.threads = torch.get_num_threads()
 
     # ---- positions -----------------------------------------------------------------------------------------
@@ -231,6 +238,27 @@ class SessionRunner:
 
     def close(self) -> None:
         self.run.close()
+
+
+def init_weights_dir(uri: str, lora: bool) -> str:
+    """The directory load_weights should read: an export directory's adapter/ for a LoRA run, else `uri` itself."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    adapter = f"{path.rstrip('/')}/adapter"
+    if lora and fs.exists(f"{adapter}/adapter_config.json"):
+        return f"{uri.rstrip('/')}/adapter"
+    return uri
+
+
+def _is_native_model_dir(uri: str) -> bool:
+    """A plain native model directory (not a checkpoint, not a PEFT adapter)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri)
+    path = path.rstrip("/")
+    return (fs.exists(f"{path}/config.json") and not fs.exists(f"{path}/checkpoint.json")
+            and not fs.exists(f"{path}/adapter_config.json"))
 
 
 def _committed_meta(uri: str) -> dict[str, Any] | None:

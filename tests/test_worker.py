@@ -140,3 +140,34 @@ def test_worker_exits_when_its_parent_dies(run: dict[str, str], how: str) -> Non
         parent.kill()  # SIGKILL: no atexit, no close(); PR_SET_PDEATHSIG takes the worker down
     parent.wait(30)
     assert pid_gone(child, timeout=15), f"worker {child} survived its parent ({how})"
+
+
+def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path: Path) -> None:
+    """New adapters over a full model's weights: a restart must rebuild that base, or the base hash check refuses."""
+    from session_core.tiny import save_tiny_model
+
+    inputs = make_inputs(tmp_path / "data")
+    cfg = config(use_lora=True, lora_r=4, lora_alpha=8.0)
+    plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture="span")
+    run_dir = RunDirectory(str(tmp_path / "runs"), "lora-init")
+    run_dir.create()
+    run_dir.ensure_manifest(plan.manifest_bytes(inputs["valid"]))
+    full = str(save_tiny_model(tmp_path / "full-model", "span", seed=7))  # different weights from the base
+    spec = WorkerSpec(tiny_model_dir(tmp_path, "span"), run_dir.manifest_uri, THREADS, init_weights=full)
+    checkpoint = str(tmp_path / "step-000002-batch-000003")
+    restore: list[str | None] = [None]
+    worker = SessionWorker(spec, restore_locator=lambda: restore[0])
+    try:
+        worker.call("checkpoint", index=3, uri=checkpoint)
+        restore[0] = checkpoint
+        worker.call("advance", first=4, through=plan.batch_count - 1)
+        worker.call("export", uri=str(tmp_path / "uninterrupted"), which="final")
+        worker.kill()
+        with pytest.raises(WorkerDied):
+            worker.call("status")
+        resumed = worker.call("advance", first=4, through=plan.batch_count - 1)  # a fresh worker restores
+        assert resumed["cursor"] == plan.batch_count and worker.restored_from == checkpoint
+        worker.call("export", uri=str(tmp_path / "resumed"), which="final")
+    finally:
+        worker.close()
+    assert_same_export(str(tmp_path / "resumed"), str(tmp_path / "uninterrupted"))

@@ -1,0 +1,220 @@
+"""The scheduled retraining flow: retrain a registered model when its dataset changed, promote only a better one.
+
+    from flows.retrain import retrain_flow
+
+    outcome = retrain_flow(model_name="ner", train_data="s3://bucket/ner/train.jsonl",
+                           valid_data="s3://bucket/ner/valid.jsonl", registry_root="s3://bucket/registry",
+                           base_model="fastino/gliner2-base-v1", config={"fp16": False, "bf16": False})
+    outcome["status"]        # "unchanged", "promoted" or "rejected"
+
+Each run fingerprints the dataset (sha256 over the train and validation records' content digests). When the newest
+registered version was trained on the same data, it finishes at once ("nothing to do"). Otherwise it trains a
+candidate with ``train_flow`` (a subflow) starting from the current production model's weights (fresh optimizer
+and schedule; the base model for the first version), under a run key derived from the model name, the data
+fingerprint and the starting version, so a crashed retrain resumes that run. Candidate and current model are
+scored on the same held-out records in a child process; the candidate is registered with its lineage either way
+and CURRENT moves only when it beats the current model by `margin` (the first candidate is always promoted).
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.events import emit_event
+from prefect.states import Completed, State
+from pydantic import Field
+
+from flows.train import TrainingConfigModel, default_storage, train_flow
+from session_core.records import load_records
+from tasks.model_eval import evaluate_models
+from tasks.model_registry import ModelRegistry, ModelVersion
+
+__all__ = ["data_fingerprint", "decide", "retrain_flow", "retrain_run_key"]
+
+EVENT_PREFIX = "prefect-gliner2.model"
+EVAL_KEYS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")  # managed.EVAL_KEYS
+
+
+def data_fingerprint(train_data: str | list[str], valid_data: str | list[str]) -> dict[str, Any]:
+    """Content fingerprint of a dataset: sha256 over its train and validation records' digests (order-sensitive)."""
+    train = load_records(train_data, what="training").digest_hex
+    valid = load_records(valid_data, what="validation").digest_hex
+    combined = hashlib.sha256(json.dumps({"train": train, "valid": valid}, sort_keys=True).encode()).hexdigest()
+    return {"data_fingerprint": combined, "train_records_sha256": train, "valid_records_sha256": valid}
+
+
+def retrain_run_key(model_name: str, fingerprint: str, base: ModelVersion | None) -> str:
+    """`retrain-<name>-<data fingerprint>-<starting version>`: the same inputs resume the same run."""
+    return f"retrain-{model_name[:64]}-{fingerprint[:16]}-{base.version if base is not None else 'base'}"
+
+
+def decide(candidate: float, current: float | None, *, greater_is_better: bool, margin: float) -> tuple[bool, str]:
+    """Whether the candidate replaces the current model, and why (in words)."""
+    if current is None:
+        return True, "there is no current model: the first candidate is promoted"
+    better = candidate > current + margin if greater_is_better else candidate < current - margin
+    relation = "above" if greater_is_better else "below"
+    verdict = "is" if better else "is not"
+    return better, (f"candidate {candidate:.6g} {verdict} more than {margin:g} {relation} the current model's "
+                    f"{current:.6g}")
+
+
+@flow(name="gliner2-retrain", persist_result=False)
+def retrain_flow(
+    model_name: str,
+    train_data: str | list[str],
+    valid_data: str | list[str],
+    registry_root: str,
+    base_model: str,
+    config: TrainingConfigModel,
+    metric: str = "eval_loss",
+    greater_is_better: bool = False,
+    margin: Annotated[float, Field(ge=0)] = 0.0,
+    storage: str | None = None,
+    checkpoint_every: Annotated[int, Field(ge=0)] = 100,
+    cpu_threads: Annotated[int, Field(ge=1)] | None = None,
+    device: str | None = None,
+) -> State:
+    """Retrain `model_name` on changed data and promote the candidate only when it is better.
+
+    Args:
+        model_name: The model's name in the registry (also names the run keys and the promotion event).
+        train_data: JSONL path(s) or fsspec URL(s) of the training records.
+        valid_data: JSONL path(s) or URL(s) of held-out records: validation during training and the comparison.
+        registry_root: Local directory or fsspec URL of the model registry.
+        base_model: Model source the first version starts from (a directory, a Hugging Face id or "tiny:span").
+        config: TrainingConfig fields of every retraining run (fp16 and bf16 must be given explicitly).
+        metric: Promotion metric, one of eval_loss, eval_classification_loss, eval_structure_loss, eval_count_loss.
+        greater_is_better: Whether a higher metric is better (losses: no).
+        margin: How much better than the current model the candidate must be to be promoted.
+        storage: Where run directories live (default: $PREFECT_GLINER2_STORAGE or ~/.prefect-gliner2/runs).
+        checkpoint_every: Checkpoint after every N optimizer updates (0: only at epoch ends).
+        cpu_threads: Torch threads in the training and evaluation processes.
+        device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
+    """
+    logger = get_run_logger()
+    if metric not in EVAL_KEYS:
+        raise ValueError(f"metric {metric!r} is not one of {list(EVAL_KEYS)}")
+    registry = ModelRegistry(registry_root, model_name)
+    data = data_fingerprint(train_data, valid_data)
+    fingerprint = data["data_fingerprint"]
+    current, latest = registry.current(), registry.latest()
+    if latest is not None and latest.lineage.get("data_fingerprint") == fingerprint:
+        return _unchanged(registry, latest, current, fingerprint)
+
+    training = config.to_training_config()
+    run_key = retrain_run_key(model_name, fingerprint, current)
+    logger.info("dataset %s of %s is new: training candidate run %s from %s", fingerprint[:12], model_name, run_key,
+                current.version if current is not None else base_model)
+    summary = train_flow(model=base_model, train_data=train_data, valid_data=valid_data, config=config,
+                         run_key=run_key, storage=storage or default_storage(), checkpoint_every=checkpoint_every,
+                         cpu_threads=cpu_threads, device=device,
+                         init_weights=current.uri if current is not None else None)
+    models = {"candidate": str(summary["export"])}
+    if current is not None:
+        models["current"] = current.uri
+    scores = evaluate_models(models, base_model, valid_data, training.to_dict(), cpu_threads=cpu_threads or 1,
+                             device=device)
+    promote, reason = decide(scores["candidate"][metric], scores["current"][metric] if current is not None else None,
+                             greater_is_better=greater_is_better, margin=margin)
+    lineage = {
+        **data, "model_name": model_name, "base_model": base_model,
+        "base_model_hash": scores["candidate"]["base_model_hash"],
+        "weights_sha256": scores["candidate"]["weights_sha256"],
+        "init_weights": current.version if current is not None else None,
+        "manifest_fingerprint": summary["content_address"], "plan_fingerprint": summary["fingerprint"],
+        "run_key": run_key, "flow_run_id": _flow_run_id(), "config": training.to_dict(),
+        "metric": metric, "greater_is_better": greater_is_better, "margin": margin,
+        "metrics": {label: _metrics(values) for label, values in scores.items()},
+        "training": {k: summary.get(k) for k in ("total_steps", "best_metric", "best_step", "label")},
+        "promoted": promote, "reason": reason,
+    }
+    version = registry.register(str(summary["export"]), lineage)  # lineage first: a crash never loses the decision
+    if promote:
+        registry.promote(version.version)
+        _emit_promotion(model_name, version, current, lineage)
+    now_current = version if promote else current
+    outcome = {"status": "promoted" if promote else "rejected", "model_name": model_name, "version": version.version,
+               "uri": version.uri, "current": now_current.version if now_current is not None else None,
+               "previous": current.version if current is not None else None, "reason": reason,
+               "data_fingerprint": fingerprint, "run_key": run_key, "metrics": lineage["metrics"]}
+    _report(outcome, metric)
+    logger.info("%s %s: %s", model_name, version.version, reason)
+    message = (f"promoted {model_name} {version.version}" if promote else
+               f"registered {model_name} {version.version} without promoting it") + f": {reason}"
+    return Completed(message=message, data=outcome)
+
+
+def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVersion | None, fingerprint: str) -> State:
+    """Nothing to train; finish a promotion an interrupted run decided but did not apply."""
+    logger = get_run_logger()
+    status = "unchanged"
+    if latest.lineage.get("promoted") and (current is None or current.number < latest.number):
+        registry.promote(latest.version)
+        _emit_promotion(registry.name, latest, current, latest.lineage)
+        current, status = latest, "promoted"
+        logger.info("completed the interrupted promotion of %s %s", registry.name, latest.version)
+    message = (f"nothing to do: {registry.name} {latest.version} was already trained on dataset {fingerprint[:12]}; "
+               f"current version {current.version if current is not None else None}")
+    logger.info(message)
+    outcome = {"status": status, "model_name": registry.name, "version": latest.version,
+               "current": current.version if current is not None else None, "data_fingerprint": fingerprint,
+               "reason": message}
+    create_markdown_artifact(key=_artifact_key(registry.name, "retrain"), markdown=f"## Retraining {registry.name}\n\n"
+                             f"Nothing to do: the dataset (`{fingerprint[:16]}`) is the one {latest.version} was "
+                             f"trained on. Current version: {outcome['current']}.\n", description=message)
+    return Completed(message=message, data=outcome)
+
+
+def _metrics(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: values[k] for k in (*EVAL_KEYS, "examples", "uri") if k in values}
+
+
+def _emit_promotion(name: str, version: ModelVersion, previous: ModelVersion | None, lineage: dict[str, Any]) -> None:
+    emit_event(
+        event=f"{EVENT_PREFIX}.promoted",
+        resource={"prefect.resource.id": f"{EVENT_PREFIX}.{name}", "prefect.resource.name": name,
+                  "version": version.version},
+        payload={"version": version.version, "uri": version.uri,
+                 "previous": previous.version if previous is not None else None,
+                 "data_fingerprint": lineage.get("data_fingerprint"), "metrics": lineage.get("metrics"),
+                 "run_key": lineage.get("run_key")},
+    )
+
+
+def _report(outcome: dict[str, Any], metric: str) -> None:
+    name, metrics = outcome["model_name"], outcome["metrics"]
+    candidate, current = metrics["candidate"], metrics.get("current", {})
+    rows = [{"metric": key, "candidate": candidate.get(key), "current": current.get(key),
+             "difference": (candidate[key] - current[key]) if key in current else None} for key in EVAL_KEYS]
+    create_table_artifact(key=_artifact_key(name, "comparison"), table=rows,
+                          description=f"{name}: candidate {outcome['version']} vs current {outcome['previous']}")
+    decision = "promoted" if outcome["status"] == "promoted" else "not promoted"
+    create_markdown_artifact(
+        key=_artifact_key(name, "retrain"),
+        markdown=(f"## Retraining {name}: {outcome['version']} {decision}\n\n{outcome['reason']} ({metric}).\n\n"
+                  f"| | version | {metric} |\n|---|---|---|\n"
+                  f"| candidate | {outcome['version']} | {candidate.get(metric)} |\n"
+                  f"| current | {outcome['previous']} | {current.get(metric)} |\n\n"
+                  f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
+                  f"`{outcome['data_fingerprint'][:16]}`.\n"),
+        description=f"{name} retraining decision",
+    )
+
+
+def _artifact_key(name: str, what: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return f"{re.sub(r'[^a-z0-9-]+', '-', name.lower()).strip('-') or 'model'}-{what}"
+
+
+def _flow_run_id() -> str | None:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return str(context.flow_run.id) if context is not None and context.flow_run is not None else None

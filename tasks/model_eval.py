@@ -1,0 +1,75 @@
+"""Held-out evaluation of model directories in a spawned child process (torch never loads in the flow process).
+
+    results = evaluate_models({"candidate": ".../export", "current": ".../versions/v000002"},
+                              base_model="tiny:span", valid_data="data/valid.jsonl", config=config.to_dict())
+    results["candidate"]["eval_loss"]
+
+Each model is loaded the way a run's ``init_weights`` is: the base model, then ``session.load_weights`` of the
+directory (its ``adapter/`` for a LoRA config). The metrics are the ones validation computes during training
+(native eval-mode losses averaged over ``eval_batch_size`` batches), so a candidate's score equals its own best
+validation metric and both models are scored on exactly the same batches.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+__all__ = ["evaluate_models", "evaluate_models_here"]
+
+
+@task(name="evaluate-models", cache_policy=NO_CACHE, persist_result=False)
+def evaluate_models(models: Mapping[str, str], base_model: str, valid_data: str | list[str],
+                    config: Mapping[str, Any], cpu_threads: int = 1, device: str | None = None) -> dict[str, Any]:
+    """{label: metrics} for each {label: model directory}, computed in one fresh spawned process."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        results: dict[str, Any] = pool.submit(evaluate_models_here, dict(models), base_model, valid_data,
+                                              dict(config), cpu_threads, device).result()
+    logger = get_run_logger()
+    for label, metrics in results.items():
+        logger.info("%s (%s): eval_loss %.6f on %d held-out examples", label, metrics["uri"], metrics["eval_loss"],
+                    metrics["examples"])
+    return results
+
+
+def evaluate_models_here(models: Mapping[str, str], base_model: str, valid_data: str | list[str],
+                         config: Mapping[str, Any], cpu_threads: int = 1, device: str | None = None) -> dict[str, Any]:
+    """The evaluation itself (runs in the child; imports torch)."""
+    import torch
+
+    from session_core import TrainingConfig, TrainingSession
+    from session_core.managed import EVAL_SOURCES
+    from session_core.pairs import to_pairs
+    from session_core.records import load_records
+
+    from .models import load_model
+    from .worker_child import init_weights_dir
+
+    torch.set_num_threads(int(cpu_threads))
+    settings = TrainingConfig.from_dict(dict(config))
+    pairs = to_pairs(load_records(valid_data, what="validation").examples())
+    size = settings.eval_batch_size
+    batches = [pairs[i:i + size] for i in range(0, len(pairs), size)]
+    results: dict[str, Any] = {}
+    for label, uri in models.items():
+        session = TrainingSession(load_model(base_model), settings, max_steps=1, device=device)
+        try:
+            loaded = session.load_weights(init_weights_dir(uri, bool(settings.use_lora)))
+            totals = dict.fromkeys(EVAL_SOURCES, 0.0)
+            for batch in batches:
+                losses = session.forward(batch, return_components=True)
+                for key, source in EVAL_SOURCES.items():
+                    totals[key] += losses[source]
+            metrics: dict[str, Any] = {key: value / len(batches) for key, value in totals.items()}
+            metrics.update(uri=uri, examples=len(pairs), base_model_hash=session.provenance["base_model_hash"],
+                           weights_sha256=loaded.get("weights_sha256") or loaded.get("adapter_sha256"))
+            results[label] = metrics
+        finally:
+            session.close()
+    return results

@@ -1,0 +1,172 @@
+"""Deployments against a real Prefect server on loopback: prefect.yaml deploys (schedule, concurrency, work pool),
+the server validates parameters before creating a run, and both deployments run to completion when served."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _flow_helpers import ROOT, THREADS, config, write_jsonl
+from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
+
+from flows.train import TrainingConfigModel
+from session_core.tiny import tiny_records
+
+TRAIN, RETRAIN = "gliner2-train/train", "gliner2-retrain/retrain-nightly"
+
+
+def _env(api_url: str, **extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api_url, PREFECT_CLI_PROMPT="false", **extra)
+
+
+def _client() -> Any:
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def _flow_run_count(deployment_id: Any) -> int:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with _client() as client:
+        return len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
+
+
+def _assert_refused(name: str, parameters: dict[str, Any]) -> None:
+    """The server rejects the parameters (enforced schema) and no flow run is created."""
+    from prefect.deployments import run_deployment
+
+    with _client() as client:
+        deployment = client.read_deployment_by_name(name)
+    before = _flow_run_count(deployment.id)
+    with pytest.raises(Exception, match="(?i)validation|invalid|required"):
+        run_deployment(name, parameters=parameters, timeout=0)
+    assert _flow_run_count(deployment.id) == before
+
+
+def _assert_nightly_schedule(name: str) -> None:
+    with _client() as client:
+        deployment = client.read_deployment_by_name(name)
+    [schedule] = deployment.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.slug, schedule.active) == (
+        "0 3 * * *", "Europe/Berlin", "nightly-retrain", True)
+    assert _limit(deployment) == 1 and deployment.enforce_parameter_schema
+    assert deployment.concurrency_options is not None and deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
+
+
+def _limit(deployment: Any) -> int | None:
+    limit = deployment.global_concurrency_limit
+    return limit.limit if limit is not None else None
+
+
+def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str) -> None:  # noqa: F811
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    with _client() as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name="gliner2-process", type="process"))
+        except ObjectAlreadyExists:
+            pass
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all"],
+        cwd=str(ROOT), env=_env(prefect_server), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with _client() as client:
+        train = client.read_deployment_by_name(TRAIN)
+        nightly = client.read_deployment_by_name(RETRAIN)
+    assert (train.entrypoint, nightly.entrypoint) == ("flows/train.py:train_flow", "flows/retrain.py:retrain_flow")
+    assert train.work_pool_name == nightly.work_pool_name == "gliner2-process"
+    assert _limit(train) == 1 and train.schedules == []
+    assert train.concurrency_options is not None and train.concurrency_options.collision_strategy == "ENQUEUE"
+    assert "config" in train.parameter_openapi_schema["properties"]
+    _assert_nightly_schedule(RETRAIN)
+    TrainingConfigModel.model_validate(nightly.parameters["config"])  # the scheduled defaults are a valid config
+    _assert_refused(TRAIN, {"model": "tiny:span", "config": {"fp16": False, "bf16": False, "batch_size": "abc"}})
+    _assert_refused(TRAIN, {"train_data": "data/train.jsonl"})  # `model` is required
+
+
+@pytest.fixture()
+def served(prefect_server: str, tmp_path: Path) -> Any:  # noqa: F811
+    data = tmp_path / "data"
+    data.mkdir()
+    inputs = {"train": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
+              "valid": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99))}
+    overrides = {"retrain-nightly": {"model_name": "served", "train_data": inputs["train"], "valid_data": inputs["valid"],
+                                     "registry_root": str(tmp_path / "registry"), "config": config(num_epochs=1),
+                                     "cpu_threads": THREADS}}
+    (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+    _delete_deployments(TRAIN, RETRAIN)  # served deployments must not inherit a work-pool deployment's pull steps
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, "deployments/serve.py", "--parameters", str(tmp_path / "overrides.json")], cwd=str(ROOT),
+        env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs")), stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        _wait_served(process, tmp_path / "serve.log")
+        yield {"inputs": inputs, "root": tmp_path}
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
+
+
+def _delete_deployments(*names: str) -> None:
+    from prefect.exceptions import ObjectNotFound
+
+    with _client() as client:
+        for name in names:
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                pass
+
+
+def _wait_served(process: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"serve.py exited with {process.returncode}:\n{log.read_text()}")
+        if "Your deployments are being served" in log.read_text() or "deployments are being served" in log.read_text():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"serve.py did not start serving within {timeout} s:\n{log.read_text()}")
+
+
+def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
+    from prefect.deployments import run_deployment
+
+    inputs, root = served["inputs"], served["root"]
+    _assert_nightly_schedule(RETRAIN)
+    _assert_refused(TRAIN, {"model": "tiny:span", "config": {"fp16": False, "bf16": False, "batch_size": "abc"}})
+    train = run_deployment(TRAIN, timeout=0, parameters={
+        "model": "tiny:span", "train_data": inputs["train"], "valid_data": inputs["valid"],
+        "config": config(num_epochs=1), "run_key": "served-train", "cpu_threads": THREADS})
+    nightly = run_deployment(RETRAIN, timeout=0)
+    states = {name: _wait_final(run.id) for name, run in (("train", train), ("retrain", nightly))}
+    assert states["train"].is_completed(), (states, (root / "serve.log").read_text()[-4000:])
+    assert states["retrain"].is_completed(), (states, (root / "serve.log").read_text()[-4000:])
+    assert "promoted served v000001" in (states["retrain"].message or "")
+    assert (root / "runs" / "served-train" / "export" / "export.json").exists()
+    assert json.loads((root / "registry" / "served" / "CURRENT.json").read_text())["version"] == "v000001"
+
+
+def _wait_final(flow_run_id: Any, timeout: float = 240) -> Any:
+    deadline = time.monotonic() + timeout
+    with _client() as client:
+        while True:
+            state = client.read_flow_run(flow_run_id).state
+            if (state is not None and state.is_final()) or time.monotonic() > deadline:
+                return state
+            time.sleep(1)

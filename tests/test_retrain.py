@@ -1,0 +1,123 @@
+"""The scheduled retraining flow: change detection, candidate training from the current model, held-out
+comparison, promotion only when better, lineage and an always-valid CURRENT pointer."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _flow_helpers import THREADS, config, write_jsonl
+from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
+
+from flows import retrain
+from flows.retrain import data_fingerprint, decide, retrain_flow
+from session_core.tiny import tiny_records
+from tasks.errors import RunConflictError
+from tasks.model_registry import ModelRegistry
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+NAME = "ner-tiny"
+LINEAGE_KEYS = {"base_model", "base_model_hash", "data_fingerprint", "manifest_fingerprint", "plan_fingerprint",
+                "run_key", "metrics", "promoted", "reason", "init_weights", "train_records_sha256",
+                "valid_records_sha256", "version"}
+
+
+def _retrain(root: Path, train: str, valid: str, **overrides: Any) -> dict[str, Any]:
+    params: dict[str, Any] = dict(model_name=NAME, train_data=train, valid_data=valid,
+                                  registry_root=str(root / "registry"), base_model="tiny:span",
+                                  config=config(num_epochs=1), storage=str(root / "runs"), cpu_threads=THREADS)
+    params.update(overrides)
+    outcome = retrain_flow(**params)
+    assert isinstance(outcome, dict), outcome
+    _assert_pointer_valid(root)
+    return outcome
+
+
+def _assert_pointer_valid(root: Path) -> None:
+    pointer = root / "registry" / NAME / "CURRENT.json"
+    if pointer.exists():
+        data = json.loads(pointer.read_text())
+        assert (root / "registry" / NAME / "versions" / data["version"] / "lineage.json").exists()
+
+
+def test_decide() -> None:
+    from session_core.managed import EVAL_KEYS
+
+    assert retrain.EVAL_KEYS == EVAL_KEYS
+    assert decide(1.0, None, greater_is_better=False, margin=5.0)[0]
+    assert decide(0.5, 1.0, greater_is_better=False, margin=0.1)[0]
+    assert not decide(0.95, 1.0, greater_is_better=False, margin=0.1)[0]
+    assert not decide(1.0, 1.0, greater_is_better=False, margin=0.0)[0]
+    assert decide(0.9, 0.5, greater_is_better=True, margin=0.1)[0]
+
+
+def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[dict[str, Any]] = []
+    monkeypatch.setattr(retrain, "emit_event", lambda **kw: events.append(kw))
+    valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(4, seed=99))
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, tiny_records(8, seed=5))
+    registry = ModelRegistry(str(tmp_path / "registry"), NAME)
+
+    first = _retrain(tmp_path, str(train), valid)
+    assert (first["status"], first["version"], first["current"], first["previous"]) == ("promoted", "v000001", "v000001", None)
+    v1 = registry.get("v000001")
+    assert LINEAGE_KEYS <= set(v1.lineage) and v1.lineage["promoted"] is True and v1.lineage["init_weights"] is None
+    assert v1.lineage["data_fingerprint"] == data_fingerprint(str(train), valid)["data_fingerprint"]
+    assert set(v1.lineage["metrics"]) == {"candidate"}
+    # the held-out score is the training run's own best validation metric (same weights, same batches)
+    assert v1.lineage["metrics"]["candidate"]["eval_loss"] == v1.lineage["training"]["best_metric"]
+    assert [e["event"] for e in events] == ["prefect-gliner2.model.promoted"]
+    assert events[0]["resource"]["prefect.resource.id"] == f"prefect-gliner2.model.{NAME}"
+
+    started = time.monotonic()
+    same = _retrain(tmp_path, str(train), valid)
+    assert time.monotonic() - started < 15
+    assert (same["status"], same["version"], same["current"]) == ("unchanged", "v000001", "v000001")
+    assert [v.version for v in registry.versions()] == ["v000001"]
+
+    write_jsonl(train, tiny_records(8, seed=5) + tiny_records(4, seed=6))
+    rejected = _retrain(tmp_path, str(train), valid, margin=1e6)
+    assert (rejected["status"], rejected["version"], rejected["current"]) == ("rejected", "v000002", "v000001")
+    v2 = registry.get("v000002")
+    assert v2.lineage["promoted"] is False and v2.lineage["init_weights"] == "v000001"
+    assert v2.lineage["run_key"].endswith("-v000001")
+    # the current model scores exactly what it scored as a candidate
+    assert v2.lineage["metrics"]["current"]["eval_loss"] == v1.lineage["metrics"]["candidate"]["eval_loss"]
+    assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
+    assert len(events) == 1
+
+    # the candidate run records where it started: resuming it with other init_weights is refused
+    from flows.train import train_flow
+
+    with pytest.raises(RunConflictError, match="init_weights"):
+        train_flow(model="tiny:span", run_key=v2.lineage["run_key"], storage=str(tmp_path / "runs"),
+                   cpu_threads=THREADS)
+
+    write_jsonl(train, tiny_records(8, seed=5) + tiny_records(8, seed=7))
+    promoted = _retrain(tmp_path, str(train), valid, config=config(num_epochs=2))
+    assert (promoted["status"], promoted["version"], promoted["current"], promoted["previous"]) == (
+        "promoted", "v000003", "v000003", "v000001")
+    scores = promoted["metrics"]
+    assert scores["candidate"]["eval_loss"] < scores["current"]["eval_loss"]
+    assert json.loads((tmp_path / "registry" / NAME / "CURRENT.json").read_text())["previous"] == "v000001"
+    assert [e["resource"]["version"] for e in events] == ["v000001", "v000003"]
+
+
+def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> None:
+    """A run that registered a promoted candidate but died before moving CURRENT: the next run finishes the job."""
+    valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(3, seed=1))
+    train = write_jsonl(tmp_path / "train.jsonl", tiny_records(3, seed=2))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    registry = ModelRegistry(str(tmp_path / "registry"), NAME)
+    registry.register(str(model), {**data_fingerprint(train, valid), "promoted": True})
+    assert registry.current() is None
+    outcome = _retrain(tmp_path, train, valid)
+    assert (outcome["status"], outcome["current"]) == ("promoted", "v000001")
+    assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
