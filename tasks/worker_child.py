@@ -126,7 +126,7 @@ class SessionRunner:
         # New LoRA adapters over a full model's weights: that model *is* the frozen base, on a fresh start and on
         # every restore alike (a restore checks the base weights' hash), so load it as the base model.
         base_from_init = init is not None and lora and _is_native_model_dir(init)
-        model = load_model(init if base_from_init else spec["model"])
+        model = load_model(init if base_from_init and init is not None else str(spec["model"]))
         session = TrainingSession(model, self.plan.config, max_steps=self.plan.max_steps, device=spec.get("device"))
         evals = loaded.eval_examples
         self.run = ManagedTraining(session, self.plan, eval_examples=evals if evals else None)
