@@ -139,6 +139,10 @@ class SessionEngine(ExtractorTrainer):
 
     def _setup_seed(self) -> None:
         seed = self.config.seed
+        # gliner2's preprocessing draws from the `random` module; a session gets its own stream, seeded as native
+        # train() seeds the global one, so that no other thread of the process (Prefect's services use `random`)
+        # can shift it. `private_python_rng` routes the processor to it during this session's operations.
+        self.python_rng = random.Random(seed)
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
@@ -224,7 +228,8 @@ class SessionEngine(ExtractorTrainer):
 
     def backward(self, pairs: Sequence[Pair], micro_index: int) -> torch.Tensor:
         """One native micro-batch: collate (training mode), forward, loss / accumulation, backward."""
-        batch = self.train_collator(list(pairs))
+        with private_python_rng(self.python_rng):
+            batch = self.train_collator(list(pairs))
         self._expected_rows = len(pairs)
         self._guard_active = True
         try:
@@ -262,8 +267,13 @@ class SessionEngine(ExtractorTrainer):
 
     def evaluate_loss(self, pairs: Sequence[Pair]) -> dict[str, float]:
         """The native supervised loss of one batch in eval mode, without touching RNGs, modes or gradients."""
+        saved = self.python_rng.getstate()
         with preserved_rng(self.device), self._eval_mode(), torch.no_grad():
-            batch = self.eval_collator(list(pairs))
+            try:
+                with private_python_rng(self.python_rng):
+                    batch = self.eval_collator(list(pairs))
+            finally:
+                self.python_rng.setstate(saved)
             self._expected_rows = len(pairs)
             self._guard_active = True
             try:
@@ -498,6 +508,19 @@ class _PlainView:
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
+
+
+@contextlib.contextmanager
+def private_python_rng(rng: random.Random) -> Iterator[None]:
+    """Route gliner2's preprocessing (`gliner2.processor.random`) to a session's own Python random stream."""
+    import gliner2.processor as processor_module
+
+    previous = processor_module.random
+    processor_module.random = rng  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        processor_module.random = previous
 
 
 @contextlib.contextmanager

@@ -245,6 +245,7 @@ class TrainingSession:
             "max_steps": self.max_steps,
             "schedule_state": engine.schedule_state(),
             "rng": rng_meta,
+            "session_python_rng": _python_state(engine.python_rng),
             "pending_gradients": sorted(capture_grads(named)),
         }
         files = {
@@ -306,6 +307,8 @@ class TrainingSession:
             if extra_state is not None and callable(hook):
                 hook(extra_state)
             restore_rng(state["rng"], rng, self._device)
+            version, key, gauss = state["session_python_rng"]
+            engine.python_rng.setstate((version, tuple(key), gauss))
         except SessionCoreError:
             self._fail("load_state failed part-way")
             raise
@@ -376,6 +379,11 @@ class TrainingSession:
     def _fail(self, reason: str) -> None:
         self._failed = reason
         logger.error("training session failed: %s", reason)
+
+
+def _python_state(rng: Any) -> list[Any]:
+    version, key, gauss = rng.getstate()
+    return [version, list(key), gauss]
 
 
 def _resolve_max_steps(config: TrainingConfig, max_steps: int | None) -> int:

@@ -7,6 +7,8 @@ else (loss, backward, accumulation, partial-window flush, clipping, AdamW, sched
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from _session_helpers import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct
@@ -14,12 +16,21 @@ from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, Extrac
 from gliner2.training.trainer import TrainingConfig as NativeConfig
 
 from session_core import TrainingSession
+from session_core.engine import private_python_rng
 
 
 class PlanOrderTrainer(ExtractorTrainer):
-    """Native trainer whose training loader yields the plan's batches (test-only data order)."""
+    """Native trainer whose training loader yields the plan's batches (test-only data order).
+
+    Its preprocessing draws from a private `random.Random(seed)` exactly as a session's does (the global `random`
+    of a pytest process is shared with Prefect's service threads from other test modules).
+    """
 
     plan = None
+
+    def _setup_seed(self):
+        super()._setup_seed()
+        self.python_rng = random.Random(self.config.seed)
 
     def _create_dataloader(self, dataset, batch_size, shuffle=True, is_training=True):
         collator = ExtractorCollator(
@@ -29,6 +40,7 @@ class PlanOrderTrainer(ExtractorTrainer):
             on_capacity_exceeded="raise",
         )
         plan = self.plan
+        rng = self.python_rng
 
         class Loader:
             sampler = None
@@ -44,7 +56,9 @@ class PlanOrderTrainer(ExtractorTrainer):
                 self.epoch += 1
                 for i in range(start, start + plan.batches_per_epoch):
                     examples = plan.batch(i).examples
-                    yield collator([(r["input"], r["output"]) for r in examples])
+                    with private_python_rng(rng):
+                        collated = collator([(r["input"], r["output"]) for r in examples])
+                    yield collated
 
         return Loader()
 

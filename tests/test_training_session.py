@@ -452,3 +452,20 @@ def test_checkpoint_meta_reads_the_index_only(tmp_path):
     (tmp_path / "ckpt" / "weights.safetensors").write_bytes(b"damaged")  # not read by checkpoint_meta
     meta = checkpoint_meta(str(tmp_path / "ckpt"))
     assert meta["kind"] == "session" and meta["step"] == session.step and meta["pending_micro_batches"] == 2
+
+
+@pytest.mark.parametrize("arch", ["span", "boundary"])
+def test_other_users_of_the_global_random_module_cannot_shift_training(arch):
+    """Prefect's service threads draw from `random`; a session's preprocessing has its own stream."""
+    plain, plan = new_session(arch, True)
+    expected_losses = run_direct(plain, plan)
+    expected = snapshot(plain)
+    noisy, _ = new_session(arch, True)
+    losses = []
+    for i in range(plan.batch_count):
+        random.random(), random.shuffle(list(range(10)))  # another thread's draws, between operations
+        losses.append(noisy.forward_backward(plan.batch(i)))
+        if plan.is_update(i):
+            noisy.optim_step()
+    assert losses == expected_losses
+    assert_bitwise_equal(snapshot(noisy), expected)
