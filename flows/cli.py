@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -109,7 +110,24 @@ def _inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
             if not fs.exists(local):
                 raise UsageError(f"{role} data {path!r} does not exist; pass a JSONL file path or URL")
     config = TrainingConfig.from_file(args.config)
+    if getattr(args, "storage", None):
+        _check_storage(args.storage)
     return config, args.train, args.valid
+
+
+def _check_storage(storage: str) -> None:
+    """A local storage path must be (or be creatable as) a directory: find out before a flow run starts."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(storage)
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+        raise UsageError(f"--storage {storage!r} cannot hold run directories ({probe!r} is not a writable directory); "
+                         "pass a writable directory or fsspec URL")
 
 
 def _train(args: Any) -> int:

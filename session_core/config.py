@@ -153,8 +153,13 @@ class TrainingConfig:
         suffix = uri.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
         if suffix not in ("json", "yaml", "yml"):
             raise ConfigError(f"config file {uri!r} must end in .json, .yaml or .yml (got {suffix or 'no extension'!r})")
-        with fsspec.open(uri, "rt", encoding="utf-8") as handle:
-            text = handle.read()
+        try:
+            with fsspec.open(uri, "rt", encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise ConfigError(f"config file {uri!r} cannot be read ({reason}); pass a JSON or YAML file of "
+                              "TrainingConfig fields") from exc
         data = _parse_config_text(text, uri, suffix)
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {uri!r} must hold a mapping of field names to values, got {type(data).__name__}")

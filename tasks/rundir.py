@@ -26,6 +26,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from session_core.errors import ConfigError
+
 from .errors import RunConflictError, RunKeyError
 
 __all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_name", "validate_run_key"]
@@ -115,12 +117,16 @@ class RunDirectory:
 
     def create(self) -> None:
         """Create the run directory (owner-only on local storage) and its checkpoints/ folder."""
-        if self.local:
-            for path in (self.path, f"{self.path}/checkpoints"):
-                os.makedirs(path, mode=0o700, exist_ok=True)
-            os.chmod(self.path, 0o700)
-        else:
-            self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
+        try:
+            if self.local:
+                for path in (self.path, f"{self.path}/checkpoints"):
+                    os.makedirs(path, mode=0o700, exist_ok=True)
+                os.chmod(self.path, 0o700)
+            else:
+                self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create run directory {self.uri}: {exc.strerror or exc}; pass a writable "
+                              "directory or fsspec URL as storage") from exc
 
     def exists(self, name: str) -> bool:
         return bool(self.fs.exists(f"{self.path}/{name}"))

@@ -1,0 +1,175 @@
+"""Benchmark report: run the plan, session, flow and chaos benchmarks side by side and write one markdown table.
+
+    python bench/run_all.py                    # ~12 minutes on a 2-core machine; writes bench/REPORT.md
+    python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
+
+Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py --quick, bench/flow.py --quick --repeat 2,
+bench/chaos.py); its figures are parsed from its --json output where it has one, else from its printed table. The
+report holds the command, the machine (CPU model, cores, torch version), one table of ratios and every script's
+raw output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    torch = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                           text=True).stdout.strip() or "unknown"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 0
+    return f"{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch}, {platform.system()} {platform.release()}"
+
+
+def run(script: str, *args: str, timeout: float) -> tuple[str, float, int]:
+    command = [sys.executable, str(BENCH / script), *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_LOGGING_LEVEL="WARNING")
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
+        output, code = done.stdout + ("\n" + done.stderr[-2000:] if done.returncode else ""), done.returncode
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        output, code = f"{partial}\n(timed out after {timeout:.0f} s)", 124
+    print(f"{script} {' '.join(args)}: exit {code} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return str(output), time.perf_counter() - started, code
+
+
+Row = tuple[str, str, str]  # (measurement, ratio, detail)
+
+
+def session_rows(rows: list[dict[str, Any]]) -> list[Row]:
+    out: list[Row] = []
+    for r in rows:
+        name = f"{r['model']} {r['arch']}"
+        out.append((f"session vs native ExtractorTrainer.train() ({name})", f"{r['ratio']:.3f}",
+                    f"{r['session_s']:.3f} s vs {r['native_s']:.3f} s"))
+        out.append((f"checkpoint save vs raw write of the same bytes ({name})",
+                    f"{r['save_s_per_gb'] / r['raw_write_s_per_gb']:.2f}",
+                    f"{r['save_s_per_gb']:.2f} vs {r['raw_write_s_per_gb']:.2f} s/GB, {r['checkpoint_bytes'] / 1e6:.1f} MB"))
+        out.append((f"checkpoint load vs raw read of the same bytes ({name})",
+                    f"{r['load_s_per_gb'] / r['raw_read_s_per_gb']:.2f}",
+                    f"{r['load_s_per_gb']:.2f} vs {r['raw_read_s_per_gb']:.2f} s/GB"))
+    return out
+
+
+_FLOW = re.compile(r"^(?P<case>.+?)\s+(?P<batches>\d+)\s+(?P<a>[\d.]+)s\s+(?P<b>[\d.]+)s\s+(?P<b2>[\d.]+)s\s+"
+                   r"(?P<c>[\d.]+)s\s+(?P<ba>[\d.]+)\s+(?P<b2a>[\d.]+)\s+(?P<ca>[\d.]+)\s+(?P<opts>.*)$")
+
+
+def flow_rows(output: str) -> list[Row]:
+    out: list[Row] = []
+    for line in output.splitlines():
+        m = _FLOW.match(line.strip())
+        if not m:
+            continue
+        case = m["case"].strip()
+        out.append((f"flow per-batch tasks vs direct managed run ({case}, {m['batches']} batches)", m["ba"],
+                    f"{m['b']} s vs {m['a']} s"))
+        out.append((f"flow per-batch pipelined vs direct ({case})", m["b2a"], f"{m['b2']} s vs {m['a']} s"))
+        out.append((f"flow grouped + pipelined vs direct ({case}; {m['opts']})", m["ca"], f"{m['c']} s vs {m['a']} s"))
+    return out
+
+
+def plan_rows(output: str) -> list[Row]:
+    out: list[Row] = []
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 11 and parts[0].isdigit():
+            out.append((f"plan + manifest per record, {int(parts[0]):,} records vs smallest size", parts[9],
+                        f"{parts[4]} s total, {parts[8]} us/record; memory per record x{parts[10]}"))
+    return out
+
+
+def chaos_rows(report: dict[str, Any]) -> list[Row]:
+    mean, reference = report.get("mean_resume_s"), report.get("mean_reference_s")
+    rows: list[Row] = []
+    if mean and reference:
+        rows.append(("resume after SIGKILL (new flow run -> first batch from the restored checkpoint) vs an "
+                     "uninterrupted run's wall time", f"{mean / reference:.2f}",
+                     f"{mean:.2f} s (mean of {report.get('resume_samples')}) vs {reference:.2f} s"))
+    rows.append(("chaos: differing bits after kill + resume", str(report.get("differing_bits")),
+                 f"{report.get('killed')} kills of {report.get('kill_points_tried')} tried, {report.get('resumed')} "
+                 f"resumed, histories equal {report.get('histories_equal')}"))
+    for fault in report.get("storage_faults", []):
+        rows.append((f"storage fault: {fault['fault']}", "detected" if fault["detected"] else "NOT detected",
+                     f"continued exactly: {fault['continued_exactly']}; {fault['note']}"))
+    return rows
+
+
+def markdown(command: str, description: str, rows: list[Row], raw: dict[str, str], seconds: float) -> str:
+    lines = ["# Benchmark report", "", f"- command: `{command}`", f"- machine: {description}",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, total {seconds:.0f} s", "",
+             "| measurement | ratio | detail |", "|---|---:|---|"]
+    lines += [f"| {m} | {r} | {d} |" for m, r, d in rows]
+    lines += ["", "Ratios are measured side by side in this one run (lower is better; 1.00 = no overhead).", ""]
+    for name, output in raw.items():
+        lines += [f"## {name}", "", "```", output.strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run all benchmarks and write one markdown report.")
+    parser.add_argument("--out", default=str(BENCH / "REPORT.md"), help="markdown file (default bench/REPORT.md)")
+    parser.add_argument("--plan-sizes", default="10000,100000,300000", help="record counts for bench/plan.py")
+    parser.add_argument("--chaos", default="--seed 0",
+                        help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)")
+    parser.add_argument("--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,chaos")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    started = time.perf_counter()
+    rows: list[Row] = []
+    raw: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-all-") as tmp:
+        if "session" not in skip:
+            out, _, code = run("session.py", "--quick", "--repeats", "3", "--json", f"{tmp}/session.json", timeout=900)
+            raw["bench/session.py --quick --repeats 3"] = out
+            if code == 0:
+                rows += session_rows(json.loads(Path(f"{tmp}/session.json").read_text()))
+        if "flow" not in skip:
+            out, _, _ = run("flow.py", "--quick", "--repeat", "2", timeout=900)
+            raw["bench/flow.py --quick --repeat 2"] = out
+            rows += flow_rows(out)
+        if "plan" not in skip:
+            out, _, _ = run("plan.py", "--sizes", args.plan_sizes, timeout=900)
+            raw[f"bench/plan.py --sizes {args.plan_sizes}"] = out
+            rows += plan_rows(out)
+        if "chaos" not in skip:
+            out, _, code = run("chaos.py", *shlex.split(args.chaos), "--json", f"{tmp}/chaos.json", timeout=900)
+            raw[f"bench/chaos.py {args.chaos}"] = out
+            if Path(f"{tmp}/chaos.json").exists():
+                rows += chaos_rows(json.loads(Path(f"{tmp}/chaos.json").read_text()))
+    command = " ".join([Path(sys.executable).name, "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])])
+    report = markdown(command, machine(), rows, raw, time.perf_counter() - started)
+    print(report)
+    Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""The chaos benchmark's quick mode: SIGKILLs at seeded moments (boundary full, span LoRA), resume, bitwise equal."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import chaos  # noqa: E402
+
+
+def test_quick_chaos_resumes_bit_for_bit(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+    report = chaos.run_chaos(quick=True, seed=0, api_url=prefect_server, work=tmp_path)
+    text = chaos.format_report(report)
+    assert report["killed"] == report["kill_points_tried"] == 2, text
+    assert report["resumed"] == 2, text
+    assert report["differing_bits"] == 0, text
+    assert report["histories_equal"] and report["summaries_equal"], text
+    for case in report["cases"]:
+        assert case["tensors"] > 0 and case["differing_tensors"] == 0, text
+        assert all(kill["worker_gone"] for kill in case["kills"]), text
+    assert {case["case"] for case in report["cases"]} == {"boundary", "span-lora"}
+
+
+def test_differing_bits_counts_exact_bit_flips() -> None:
+    import torch
+
+    a = torch.tensor([1.0, 2.0, 3.0])
+    b = a.clone()
+    assert chaos.differing_bits(a, b) == 0
+    b.view(torch.int32)[1] ^= 0b101  # two bits of the mantissa
+    assert chaos.differing_bits(a, b) == 2
+    assert chaos.differing_bits(a, a.double()) == 3 * 8 * 8  # a dtype change counts every bit
+
+
+def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+    """A damaged newest checkpoint stops the resume with CheckpointError (it is never silently ignored or replaced
+    by training from scratch); a failing checkpoint write (injected, or a real EFBIG) loses nothing on resume."""
+    faults = chaos.storage_faults(tmp_path, chaos.make_inputs(tmp_path / "data"), prefect_server)
+    text = "\n".join(f"{f.fault}: detected {f.detected}, exact {f.continued_exactly}; {f.error} -- {f.note}" for f in faults)
+    assert len(faults) == 5 and all(f.detected for f in faults), text
+    for fault in faults[:3]:  # damaged newest checkpoint: refused clearly today (a fallback would continue exactly)
+        assert fault.continued_exactly or fault.error.startswith("CheckpointError: "), text
+        assert fault.continued_exactly or "use an earlier checkpoint" in fault.error, text
+    assert all(f.continued_exactly for f in faults[3:]), text
