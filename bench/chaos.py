@@ -434,8 +434,10 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
                                        "to the previous good checkpoint (product change proposed)"))
             continue
         bits = compare_exports(summary["export"], reference["export"])[2]
-        results.append(FaultResult(fault, False, "", bits == 0,
-                                   f"resume did not notice the damage (resumed from batch {summary.get('resumed_from_batch')})"))
+        quarantined = sorted(p.name for p in (storage / key / "checkpoints").iterdir() if p.name.startswith(".damaged-"))
+        note = (f"damaged checkpoint moved aside ({quarantined[0]}); continued from the previous intact checkpoint"
+                if quarantined else f"resume did not notice the damage (resumed from batch {summary.get('resumed_from_batch')})")
+        results.append(FaultResult(fault, bool(quarantined), "", bits == 0, note))
 
     # An injected failure after the checkpoint's files are written, before the commit (the worker raises once).
     key = "failing-write"

@@ -248,6 +248,12 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
         logger.info("removed debris of an interrupted run: %s", ", ".join(removed))
     if prepared.manifest is not None and run_dir.ensure_manifest(prepared.manifest):
         logger.info("new run %s: manifest written to %s", run_dir.run_key, run_dir.manifest_uri)
+    damaged = run_dir.recover_damaged_restore_point(prepared.plan.epoch)
+    if damaged:
+        restore = run_dir.read_cursor()
+        logger.warning("checkpoint %s is damaged: moved aside as .damaged-%s-*; continuing from the previous intact "
+                       "checkpoint %s (batch %s)", damaged, damaged, restore.checkpoint if restore else None,
+                       restore.cursor if restore else None)
     recorded = run_dir.read_run_info() or {}
     threads = cpu_threads or recorded.get("cpu_threads") or default_cpu_threads()
     run_dir.ensure_run_info({"model": prepared.model, "device": device or "auto", "cpu_threads": threads,

@@ -47,6 +47,9 @@ def validate_run_key(run_key: Any) -> str:
     return run_key
 
 
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{6})-batch-(\d{6})$")
+
+
 def checkpoint_name(step: int, index: int) -> str:
     """Readable checkpoint directory name: optimizer step and last batch included."""
     return f"step-{step:06d}-batch-{index:06d}"
@@ -216,6 +219,62 @@ class RunDirectory:
         """The checkpoint the durable cursor names (what a fresh worker restores), or None for a new run."""
         cursor = self.read_cursor()
         return self.checkpoint_uri(cursor.checkpoint) if cursor is not None else None
+
+    # ---- damaged checkpoints --------------------------------------------------------------------------------
+
+    def committed_checkpoints(self) -> list[str]:
+        """Names of checkpoints with a committed index, ordered by their step and batch numbers (never by mtime)."""
+        folder = f"{self.path}/checkpoints"
+        if not self.fs.exists(folder):
+            return []
+        found = []
+        for entry in self.fs.ls(folder, detail=False):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            match = _CHECKPOINT_NAME.match(name)
+            if match and self.fs.exists(f"{folder}/{name}/checkpoint.json"):
+                found.append((int(match.group(1)), int(match.group(2)), name))
+        return [name for *_, name in sorted(found)]
+
+    def recover_damaged_restore_point(self, epoch_of: Any) -> str | None:
+        """If the checkpoint the cursor names fails verification, quarantine it and rewind the cursor to the newest
+        intact earlier checkpoint of the same plan (the replay from there is deterministic: nothing is lost).
+        Returns the quarantined name, None when the restore point is intact; raises CheckpointError when no
+        intact earlier checkpoint exists. Call only while holding the lease."""
+        from session_core.checkpoint import read_checkpoint
+        from session_core.errors import CheckpointError
+
+        cursor = self.read_cursor()
+        if cursor is None:
+            return None
+        try:
+            read_checkpoint(self.checkpoint_uri(cursor.checkpoint))
+            return None
+        except CheckpointError as exc:
+            damage = exc
+        for name in reversed(self.committed_checkpoints()):
+            if name == cursor.checkpoint:
+                continue
+            try:
+                meta = read_checkpoint(self.checkpoint_uri(name)).meta
+            except CheckpointError:
+                continue
+            if meta.get("plan_fingerprint") != cursor.fingerprint or int(meta.get("cursor", -1)) > cursor.cursor:
+                continue
+            self._quarantine(cursor.checkpoint)
+            position = int(meta["cursor"])
+            rewound = DurableCursor(checkpoint=name, cursor=position, step=int(meta["step"]),
+                                    epoch=int(epoch_of(position - 1)) if position else 0,
+                                    finished=bool(meta.get("finished")), fingerprint=cursor.fingerprint)
+            self.write_bytes("cursor.json", json.dumps(rewound.to_dict(), sort_keys=True, indent=1).encode())
+            return cursor.checkpoint
+        raise CheckpointError(f"{damage}; no intact earlier checkpoint of this run exists: start again under a new "
+                              "run key") from damage
+
+    def _quarantine(self, name: str) -> None:
+        """Move a damaged checkpoint aside (kept for inspection; debris cleaning leaves it alone)."""
+        source = f"{self.path}/checkpoints/{name}"
+        target = f"{self.path}/checkpoints/.damaged-{name}-{int(time.time())}"
+        self.fs.mv(source, target, recursive=True)
 
     # ---- debris --------------------------------------------------------------------------------------------
 

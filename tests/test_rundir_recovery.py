@@ -1,0 +1,46 @@
+"""Damaged restore points: quarantined and rewound to the newest intact earlier checkpoint, or refused clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from session_core.checkpoint import write_checkpoint
+from session_core.errors import CheckpointError
+from tasks.rundir import DurableCursor, RunDirectory
+
+
+def _checkpoint(run_dir: RunDirectory, name: str, cursor: int, step: int, fingerprint: str = "fp") -> None:
+    write_checkpoint(run_dir.checkpoint_uri(name), {"managed.json": b"{}"},
+                     {"kind": "managed", "plan_fingerprint": fingerprint, "cursor": cursor, "step": step,
+                      "finished": False})
+
+
+def test_a_damaged_newest_checkpoint_rewinds_to_the_previous_intact_one(tmp_path: Path) -> None:
+    run_dir = RunDirectory(str(tmp_path), "r")
+    run_dir.create()
+    _checkpoint(run_dir, "step-000002-batch-000003", 4, 2)
+    _checkpoint(run_dir, "step-000003-batch-000005", 6, 3, fingerprint="other")  # another plan: never used
+    _checkpoint(run_dir, "step-000004-batch-000007", 8, 4)
+    run_dir.commit_cursor(DurableCursor("step-000004-batch-000007", 8, 4, 1, False, "fp"))
+    assert run_dir.recover_damaged_restore_point(lambda i: i // 4) is None  # intact: nothing to do
+    (Path(run_dir.path) / "checkpoints" / "step-000004-batch-000007" / "managed.json").write_bytes(b"{!}")
+    assert run_dir.recover_damaged_restore_point(lambda i: i // 4) == "step-000004-batch-000007"
+    cursor = run_dir.read_cursor()
+    assert (cursor.checkpoint, cursor.cursor, cursor.step, cursor.epoch) == ("step-000002-batch-000003", 4, 2, 0)
+    names = sorted(p.name for p in (Path(run_dir.path) / "checkpoints").iterdir())
+    assert any(n.startswith(".damaged-step-000004-batch-000007-") for n in names)
+    assert run_dir.remove_debris() == []  # the quarantined checkpoint stays for inspection
+    assert json.loads((Path(run_dir.path) / "cursor.json").read_text())["checkpoint"] == "step-000002-batch-000003"
+
+
+def test_no_intact_earlier_checkpoint_is_refused_clearly(tmp_path: Path) -> None:
+    run_dir = RunDirectory(str(tmp_path), "r")
+    run_dir.create()
+    run_dir.commit_cursor(DurableCursor("step-000001-batch-000001", 2, 1, 0, False, "fp"))  # its files are gone
+    before = (Path(run_dir.path) / "cursor.json").read_bytes()
+    with pytest.raises(CheckpointError, match="no intact earlier checkpoint"):
+        run_dir.recover_damaged_restore_point(lambda i: 0)
+    assert (Path(run_dir.path) / "cursor.json").read_bytes() == before
