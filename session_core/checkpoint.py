@@ -18,6 +18,7 @@ from typing import Any
 
 import fsspec
 
+from .atomic import fsync_dir
 from .errors import CheckpointError
 
 INDEX_FILE = "checkpoint.json"
@@ -120,25 +121,17 @@ def _write_local(path: str, files: dict[str, bytes], index_bytes: bytes) -> None
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-        _fsync_dir(staging)
+        fsync_dir(staging)
         if os.path.isdir(path):
             os.rmdir(path)  # an empty directory someone created for us
         os.rename(staging, path)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException:
         for name in os.listdir(staging) if os.path.isdir(staging) else []:
             os.unlink(os.path.join(staging, name))
         if os.path.isdir(staging):
             os.rmdir(staging)
         raise
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_checkpoint(uri: str) -> CheckpointFiles:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from session_core.atomic import write_file_atomic
 from session_core.config import TrainingConfig
 from session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
 from session_core.records import RecordSet, canonical_json, load_records, paused_gc
@@ -180,36 +180,10 @@ def write_manifest(manifest: Mapping[str, Any] | bytes, uri: str | os.PathLike[s
     target = os.fspath(uri)
     fs, path = fsspec.core.url_to_fs(target)
     if isinstance(fs, LocalFileSystem):
-        _write_local(path, data)
+        write_file_atomic(path, data)
     else:
         _write_remote(fs, path, data)
     return target
-
-
-def _write_local(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)  # mode 0o600
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 def _write_remote(fs: Any, path: str, data: bytes) -> None:

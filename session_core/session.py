@@ -237,6 +237,7 @@ class TrainingSession:
             {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
         )
         rng_meta, rng_tensors = capture_rng(self._device)
+        grads = capture_grads(named)
         state = {
             "counters": engine.counters(),
             "pending_micro_batches": self._pending,
@@ -246,11 +247,11 @@ class TrainingSession:
             "schedule_state": engine.schedule_state(),
             "rng": rng_meta,
             "session_python_rng": _python_state(engine.python_rng),
-            "pending_gradients": sorted(capture_grads(named)),
+            "pending_gradients": sorted(grads),
         }
         files = {
             "weights.safetensors": tensors_to_bytes(weights),
-            "gradients.safetensors": tensors_to_bytes(capture_grads(named)),
+            "gradients.safetensors": tensors_to_bytes(grads),
             "rng.safetensors": tensors_to_bytes(rng_tensors),
             "optimizer.pt": object_to_bytes(engine.optimizer.state_dict()),
             "scheduler.pt": object_to_bytes(engine.scheduler.state_dict()),

@@ -16,9 +16,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from . import hooks, registry
-from .errors import retry_if_transient
 from .rundir import DurableCursor, checkpoint_name
-from .training import RETRY_DELAY_SECONDS, TASK_RETRIES, call_worker
+from .training import RETRYING, call_worker
 
 __all__ = ["CHECKPOINT_EVENT", "checkpoint", "run_resource"]
 
@@ -33,9 +32,7 @@ def run_resource(run_key: str) -> dict[str, str]:
     name="checkpoint",
     task_run_name="checkpoint step {step} batch {index}",
     cache_policy=NO_CACHE,
-    retries=TASK_RETRIES,
-    retry_delay_seconds=RETRY_DELAY_SECONDS,
-    retry_condition_fn=retry_if_transient,
+    **RETRYING,
 )
 def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
     """Checkpoint the session after batch `index` (optimizer step `step`) and commit the durable cursor."""

@@ -13,8 +13,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from .errors import retry_if_transient
-from .training import CACHE_EXPIRATION, RETRY_DELAY_SECONDS, TASK_RETRIES, call_worker, position_cache_key
+from .training import POSITION_TASK, RETRYING, call_worker
 
 __all__ = ["export_model", "validate"]
 
@@ -22,12 +21,7 @@ __all__ = ["export_model", "validate"]
 @task(
     name="validate",
     task_run_name="validate after batch {index}",
-    cache_key_fn=position_cache_key,
-    cache_expiration=CACHE_EXPIRATION,
-    persist_result=True,
-    retries=TASK_RETRIES,
-    retry_delay_seconds=RETRY_DELAY_SECONDS,
-    retry_condition_fn=retry_if_transient,
+    **POSITION_TASK,
 )
 def validate(run_key: str, index: int) -> dict[str, Any]:
     """The validation after batch `index`: native eval losses, best selection, early stopping."""
@@ -45,9 +39,7 @@ def validate(run_key: str, index: int) -> dict[str, Any]:
     name="export-model",
     task_run_name="export {which} model",
     cache_policy=NO_CACHE,
-    retries=TASK_RETRIES,
-    retry_delay_seconds=RETRY_DELAY_SECONDS,
-    retry_condition_fn=retry_if_transient,
+    **RETRYING,
 )
 def export_model(run_key: str, uri: str, which: str = "best") -> dict[str, Any]:
     """Export the best model (when validation selected one) or the final model to `uri`."""

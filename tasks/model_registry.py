@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 
+from session_core.atomic import write_file_atomic
 from session_core.errors import SessionCoreError
 
 __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
@@ -154,19 +154,7 @@ class ModelRegistry:
         if not self.local:
             self.fs.pipe_file(path, data)  # a single object write is atomic on object stores
             return
-        folder = os.path.dirname(path)
-        temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_file_atomic(path, data)
 
     def _uri(self, relative: str) -> str:
         return f"{self.root}/{self.name}/{relative}"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from session_core.atomic import write_file_atomic
 from session_core.errors import ConfigError
 
 from .errors import RunConflictError, RunKeyError
@@ -142,18 +142,7 @@ class RunDirectory:
         """Atomically replace `name` (temp file + fsync + rename locally; temp object + move elsewhere)."""
         path = f"{self.path}/{name}"
         if self.local:
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)  # created 0o600
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-            _fsync_dir(self.path)
+            write_file_atomic(path, data)
         else:
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             self.fs.pipe_file(tmp, data)
@@ -312,14 +301,3 @@ def _manifest_difference(run_key: str, uri: str, existing: bytes, requested: byt
     )
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -58,15 +58,18 @@ def call_worker(run_key: str, op: str, **args: Any) -> Any:
     return run.worker.call(op, **args)
 
 
+# Operations on the worker: transient failures (worker death) are retried from the newest checkpoint,
+# deterministic ones fail at once. Position operations are cached per worker incarnation (position_cache_key).
+RETRYING: dict[str, Any] = {"retries": TASK_RETRIES, "retry_delay_seconds": RETRY_DELAY_SECONDS,
+                            "retry_condition_fn": retry_if_transient}
+POSITION_TASK: dict[str, Any] = {"cache_key_fn": position_cache_key, "cache_expiration": CACHE_EXPIRATION,
+                                 "persist_result": True, **RETRYING}
+
+
 @task(
     name="train-batches",
     task_run_name="batches {first}-{through}",
-    cache_key_fn=position_cache_key,
-    cache_expiration=CACHE_EXPIRATION,
-    persist_result=True,
-    retries=TASK_RETRIES,
-    retry_delay_seconds=RETRY_DELAY_SECONDS,
-    retry_condition_fn=retry_if_transient,
+    **POSITION_TASK,
 )
 def train_batches(run_key: str, first: int, through: int) -> dict[str, Any]:
     """Advance the session through batch `through` (training `first`..`through`); returns their update metrics."""

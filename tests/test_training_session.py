@@ -48,7 +48,7 @@ def new_session(arch: str, lora: bool, **overrides):
 def test_exact_continuation_in_a_fresh_process_from_mid_window(arch, lora, tmp_path):
     session, plan = new_session(arch, lora)
     cut = 6  # second epoch, batches 5 and 6 of a 3-micro-batch window are pending
-    losses = run_direct(session, plan, stop=cut + 1)
+    run_direct(session, plan, stop=cut + 1)
     assert session.pending_micro_batches == 2
     session.save_state(str(tmp_path / "ckpt"))
     tail = run_direct(session, plan, start=cut + 1)
@@ -60,7 +60,6 @@ def test_exact_continuation_in_a_fresh_process_from_mid_window(arch, lora, tmp_p
     assert child["losses"] == tail
     assert child["step"] == plan.max_steps
     assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
-    assert len(losses) == cut + 1
 
 
 @pytest.mark.parametrize(("arch", "lora"), [("span", False), ("boundary", True)], ids=["span-full", "boundary-lora"])
