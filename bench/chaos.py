@@ -456,11 +456,13 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     output, _ = process.communicate(timeout=300)
     run = storage / key
     cursor = read_cursor(run)
-    efbig = "File too large" in output or "EFBIG" in output
+    # Detected means reported as a permanent StorageFullError (EFBIG), not retried as if it were transient.
+    efbig = "StorageFullError" in output and "EFBIG" in output
     committed = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").exists() else []
     summary = run_in_process({**base, "run_key": key})
     bits = compare_exports(summary["export"], reference["export"])[2]
-    last_error = next((line.strip() for line in reversed(output.splitlines()) if "Error" in line), "")
+    last_error = next((line.strip() for line in reversed(output.splitlines()) if "StorageFullError" in line),
+                      next((line.strip() for line in reversed(output.splitlines()) if "Error" in line), ""))
     results.append(FaultResult("writes fail with EFBIG past 64 KiB (RLIMIT_FSIZE)", process.returncode != 0 and efbig,
                                f"exit {process.returncode}: {last_error[:300]}", bits == 0,
                                f"failed run left cursor {cursor and cursor['cursor']} and {committed or 'no'} checkpoints; "

@@ -33,7 +33,7 @@ from session_core.errors import ConfigError
 from session_core.manifest import load_manifest
 from tasks import registry
 from tasks.driver import DriveResult, drive
-from tasks.errors import RunConflictError, is_transient
+from tasks.errors import RunConflictError, StorageFullError, is_transient, permanent_storage_errno, storage_full_error
 from tasks.evaluation import export_model
 from tasks.lease import RunLease
 from tasks.models import model_architecture
@@ -231,6 +231,9 @@ def train_flow(
     except BaseException as exc:
         if not (is_transient(exc) and _retry_follows()):
             registry.unregister(run_dir.run_key)
+        code = permanent_storage_errno(exc)
+        if code is not None and not isinstance(exc, StorageFullError):
+            raise storage_full_error(code, f"{type(exc).__name__}: {exc}") from exc
         raise
     finally:
         if succeeded:

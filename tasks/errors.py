@@ -4,16 +4,20 @@
     ├── WorkerDied                 the session worker process vanished (kill, OOM, segfault): transient
     └── WorkerError                an unexpected (non-session_core) exception inside the worker: transient
     session_core.SessionCoreError  deterministic, never retried; the Prefect layer adds:
+    ├── StorageFullError (OSError)             a write failed with ENOSPC, EFBIG, EDQUOT or EROFS (here or in the worker)
     ├── RunKeyError (ConfigError)              a run key that is not a safe directory name
     ├── RunConflictError (PlanMismatchError)   a different manifest / settings under an existing run key
     └── RunLockedError (SessionCoreError, RuntimeError)  another live run holds the run key's lease
 
 A retry helps only when the failure is transient: ``is_transient`` is False for every SessionCoreError (bad data,
-non-finite loss, config/plan/checkpoint mismatch, a locked run key) and True for everything else.
+non-finite loss, config/plan/checkpoint mismatch, a locked run key) and for a write that failed because the storage
+is full, over a size or quota limit, or read-only (an OSError with one of those errnos anywhere in the exception's
+cause/context chain: retrying in seconds only repeats the failure); it is True for everything else.
 """
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from session_core.errors import ConfigError, PlanMismatchError, SessionCoreError
@@ -22,9 +26,11 @@ __all__ = [
     "RunConflictError",
     "RunKeyError",
     "RunLockedError",
+    "StorageFullError",
     "WorkerDied",
     "WorkerError",
     "is_transient",
+    "permanent_storage_errno",
     "retry_if_transient",
 ]
 
@@ -56,9 +62,47 @@ class RunLockedError(SessionCoreError, RuntimeError):
     """Another live flow run holds the lease on this run key."""
 
 
+class StorageFullError(SessionCoreError, OSError):
+    """A write failed because the storage is full, past a file-size or quota limit, or read-only: not retried."""
+
+    def __init__(self, code: int, message: str) -> None:
+        OSError.__init__(self, code, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.errno, self.message))
+
+
+#: errnos of a write that cannot succeed until someone frees space, raises a limit or remounts the storage.
+PERMANENT_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
+
+
+def permanent_storage_errno(exc: BaseException | None) -> int | None:
+    """The errno of a full / size-limited / read-only storage failure in ``exc``'s cause/context chain, else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in PERMANENT_STORAGE_ERRNOS:
+            return exc.errno
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def storage_full_error(code: int, detail: str) -> StorageFullError:
+    """The error a flow reports for a permanent storage failure, saying what to do."""
+    return StorageFullError(code, (
+        f"a write failed with {errno.errorcode.get(code, code)} ({detail}): the storage is full, over a file-size or "
+        "quota limit, or read-only, so retrying would fail again. Nothing committed was lost: free space (or raise "
+        "the limit, or make the storage writable) and run the same run key again; it continues exactly from the "
+        "newest committed checkpoint"))
+
+
 def is_transient(exc: BaseException | None) -> bool:
-    """True when retrying could help: anything that is not a deterministic SessionCoreError."""
-    return exc is not None and not isinstance(exc, SessionCoreError)
+    """True when retrying could help: not a deterministic SessionCoreError, not a full or read-only storage."""
+    return exc is not None and not isinstance(exc, SessionCoreError) and permanent_storage_errno(exc) is None
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:

@@ -10,12 +10,14 @@ process, after the unit ending at batch i finished).
     PREFECT_GLINER2_TEST_PAUSE=point:i:secs,... sleep there (gives a test time to kill -9 the process)
     PREFECT_GLINER2_TEST_DIE=point:i:FILE,...   SIGKILL the current process there, once (FILE marks "done")
     PREFECT_GLINER2_TEST_RAISE=point:i:FILE,... raise RuntimeError there, once
+    PREFECT_GLINER2_TEST_OSERROR=point:i:ENOSPC:FILE,...  raise OSError with that errno there, once
 
 ``i`` may be ``*`` (any index).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -24,7 +26,8 @@ ENV_MARKERS = "PREFECT_GLINER2_TEST_MARKERS"
 ENV_PAUSE = "PREFECT_GLINER2_TEST_PAUSE"
 ENV_DIE = "PREFECT_GLINER2_TEST_DIE"
 ENV_RAISE = "PREFECT_GLINER2_TEST_RAISE"
-_ALL = (ENV_MARKERS, ENV_PAUSE, ENV_DIE, ENV_RAISE)
+ENV_OSERROR = "PREFECT_GLINER2_TEST_OSERROR"
+_ALL = (ENV_MARKERS, ENV_PAUSE, ENV_DIE, ENV_RAISE, ENV_OSERROR)
 
 
 def active() -> bool:
@@ -50,6 +53,11 @@ def hit(point: str, index: int) -> None:
     for argument in _matching(ENV_RAISE, point, index):
         if _first_time(argument):
             raise RuntimeError(f"injected transient failure at {point} {index} (test hook)")
+    for argument in _matching(ENV_OSERROR, point, index):
+        name, marker = argument.split(":", 1)
+        if _first_time(marker):
+            code = getattr(errno, name)
+            raise OSError(code, f"{os.strerror(code)} (injected at {point} {index}, test hook)")
 
 
 def _matching(env: str, point: str, index: int) -> list[str]:

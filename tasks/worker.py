@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import WorkerDied, WorkerError
+from .errors import WorkerDied, WorkerError, storage_full_error
 
 __all__ = ["SessionWorker", "Ticket", "WorkerSpec"]
 
@@ -294,6 +294,9 @@ def _reap(process: Any, timeout: float) -> None:
 
 def _remote_error(payload: dict[str, Any], link: _Link) -> BaseException:
     module, name, message = payload.get("module", ""), payload.get("type", "Exception"), payload.get("message", "")
+    code = payload.get("storage_errno")
+    if code:
+        return storage_full_error(code, f"{name} in session worker pid {link.process.pid}: {message}")
     if module in _REMOTE_ERROR_MODULES:
         cls = getattr(importlib.import_module(module), name, None)
         if isinstance(cls, type) and issubclass(cls, BaseException):

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import hooks
+from .errors import permanent_storage_errno
 from .models import load_model
 
 PR_SET_PDEATHSIG = 1
@@ -77,6 +78,7 @@ def _reply_error(conn: Any, op_id: int, exc: BaseException) -> None:
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "storage_errno": permanent_storage_errno(exc),
     }
     try:
         conn.send((op_id, "error", payload))

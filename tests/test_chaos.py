@@ -45,3 +45,4 @@ def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server
     for fault in faults[:3]:  # damaged newest checkpoint: quarantined, continued from the previous intact one
         assert fault.continued_exactly and "moved aside" in fault.note, text
     assert all(f.continued_exactly for f in faults[3:]), text
+    assert "StorageFullError" in faults[4].error and "free space" in faults[4].error, text  # permanent, not retried

@@ -22,7 +22,7 @@ from _flow_helpers import (
 
 from session_core import ManagedTrainingPlan, TrainingConfig
 from session_core.errors import CheckpointError
-from tasks.errors import WorkerDied, WorkerError, is_transient
+from tasks.errors import StorageFullError, WorkerDied, WorkerError, is_transient
 from tasks.rundir import RunDirectory
 from tasks.worker import SessionWorker, WorkerSpec
 
@@ -115,6 +115,42 @@ def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path
         assert worker.starts == 2
     finally:
         worker.close()
+
+
+
+def test_full_storage_in_the_worker_is_permanent(run: dict[str, str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC while the worker writes a checkpoint: StorageFullError (never retried), no partial checkpoint left
+    that looks complete, and once space is back a fresh worker writes the same checkpoint."""
+    monkeypatch.setenv("PREFECT_GLINER2_TEST_OSERROR", f"checkpoint-write:3:ENOSPC:{tmp_path / 'full-once'}")
+    checkpoint = str(tmp_path / "ckpt-3")
+    worker = _worker(run)
+    try:
+        worker.call("advance", first=0, through=2)
+        with pytest.raises(StorageFullError, match="ENOSPC.*free space.*run the same run key again") as full:
+            worker.call("checkpoint", index=3, uri=checkpoint)
+        assert not is_transient(full.value) and isinstance(full.value, OSError)
+        assert full.value.errno == 28
+        assert not Path(checkpoint).exists()
+        assert worker.call("checkpoint", index=3, uri=checkpoint)["committed"]
+        assert worker.starts == 2
+    finally:
+        worker.close()
+
+
+def test_transient_classification_follows_the_cause_chain() -> None:
+    import errno
+
+    assert is_transient(OSError(errno.EIO, "io"))
+    assert is_transient(ConnectionResetError())
+    for code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS):
+        try:
+            try:
+                raise OSError(code, "write failed")
+            except OSError as inner:
+                raise RuntimeError("while saving") from inner
+        except RuntimeError as outer:
+            assert not is_transient(outer), code
 
 
 _PARENT = textwrap.dedent("""
