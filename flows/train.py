@@ -33,7 +33,13 @@ from session_core.errors import ConfigError
 from session_core.manifest import load_manifest
 from tasks import registry
 from tasks.driver import DriveResult, drive
-from tasks.errors import RunConflictError, StorageFullError, is_transient, permanent_storage_errno, storage_full_error
+from tasks.errors import (
+    RunConflictError,
+    StorageFullError,
+    is_transient,
+    permanent_storage_errno,
+    storage_full_error,
+)
 from tasks.evaluation import export_model
 from tasks.lease import RunLease
 from tasks.models import model_architecture
