@@ -2,6 +2,8 @@
 
 Planning (TrainingConfig, records, ManagedTrainingPlan, manifests) is torch-free and imported eagerly; the
 session, managed driver and weights helpers import torch and gliner2, and load on first attribute access.
+``InputExample`` is gliner2's own record class (``gliner2.training.InputExample``), re-exported lazily: using it
+imports gliner2 and so torch; torch-free planning takes native dicts ``{"input": text, "output": {...}}`` or JSONL.
 
 Exceptions (all in session_core.errors): SessionCoreError and its subclasses ConfigError, RecordError,
 ManifestError, PlanMismatchError, PrecisionError, CheckpointError, StateMismatchError, WeightsError,
@@ -31,6 +33,7 @@ from .errors import (
 from .plan import ManagedTrainingPlan, PlanBatch
 
 _LAZY = {
+    "InputExample": ("gliner2.training", "InputExample"),
     "TrainingSession": ("session_core.session", "TrainingSession"),
     "ManagedTraining": ("session_core.managed", "ManagedTraining"),
     "load_exported_model": ("session_core.weights", "load_exported_model"),
@@ -40,6 +43,7 @@ __all__ = [
     "AdapterMismatchError",
     "CheckpointError",
     "ConfigError",
+    "InputExample",
     "ManagedTraining",
     "ManagedTrainingPlan",
     "ManifestError",

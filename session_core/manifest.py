@@ -15,9 +15,11 @@ A manifest is one JSON object (schema ``MANIFEST_SCHEMA_NAME``, version ``MANIFE
     validations             indices of the batches after whose update validation runs
     selection               the selection policy (metric_for_best, greater_is_better, save_best, early_stopping,
                             early_stopping_patience, early_stopping_threshold, eval_strategy, eval_steps)
-    examples                the canonical training records {"input", "output"}, in row order
-    eval_examples           the canonical validation records (may be empty)
-    content_address         sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8) of all other keys
+    examples                the training records {"input", "output"}, in row order
+    eval_examples           the validation records (may be empty)
+    content_address         sha256 of the canonical JSON of all other keys: top-level keys sorted, no whitespace,
+                            UTF-8; nested keys sorted too, except inside the records (examples, eval_examples),
+                            whose key order is data (gliner2 builds the schema in dict order) and is kept
 
 Files hold exactly that canonical JSON plus a newline. A manifest must never be edited: loading recomputes the
 content address, rebuilds the plan from examples + config + architecture and requires identical batches,
@@ -43,7 +45,7 @@ from fsspec.implementations.local import LocalFileSystem
 from session_core.atomic import write_file_atomic
 from session_core.config import TrainingConfig
 from session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
-from session_core.records import RecordSet, canonical_json, load_records, paused_gc
+from session_core.records import RecordSet, canonical_json, load_records, paused_gc, record_json
 
 if TYPE_CHECKING:
     from session_core.plan import ManagedTrainingPlan
@@ -54,12 +56,22 @@ __all__ = [
 ]
 
 MANIFEST_SCHEMA_NAME = "prefect-gliner2/training-plan-manifest"
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2  # 2: record key order is kept (v1 sorted it)
 _REQUIRED = (
     "schema", "plan_algorithm_version", "architecture", "config", "fingerprint", "record_count", "num_epochs",
     "batch_count", "max_steps", "batches", "updates", "epoch_ends", "validations", "selection", "examples",
     "eval_examples", "content_address",
 )
+_RECORD_PARTS = frozenset({"examples", "eval_examples"})
+
+
+def _part_json(key: str, value: Any) -> str:
+    """The canonical JSON of one top-level manifest value (records keep their key order)."""
+    return record_json(value) if key in _RECORD_PARTS else canonical_json(value)
+
+
+def _given_parts(manifest: Mapping[str, Any]) -> dict[str, str]:
+    return {k: _part_json(k, v) for k, v in manifest.items() if k != "content_address"}
 
 
 @dataclass(frozen=True)
@@ -148,12 +160,15 @@ def manifest_bytes(plan: ManagedTrainingPlan, eval_examples: Any = None) -> byte
 
 def content_address(manifest: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of every key except ``content_address``."""
-    return _address({k: canonical_json(v) for k, v in manifest.items() if k != "content_address"})
+    return _address(_given_parts(manifest))
 
 
 def dumps_manifest(manifest: Mapping[str, Any]) -> bytes:
     """A manifest's file bytes: its canonical JSON and a newline."""
-    return (canonical_json(dict(manifest)) + "\n").encode("utf-8")
+    parts = _given_parts(manifest)
+    if "content_address" in manifest:
+        parts["content_address"] = canonical_json(manifest["content_address"])
+    return (_join(parts) + "\n").encode("utf-8")
 
 
 # ------------------------------------------------------------------------------------------ storage
@@ -169,7 +184,7 @@ def write_manifest(manifest: Mapping[str, Any] | bytes, uri: str | os.PathLike[s
     else:
         if not isinstance(manifest, Mapping) or "content_address" not in manifest:
             raise ManifestError("write_manifest needs a manifest from plan.to_manifest() (it has no content_address)")
-        parts = {k: canonical_json(v) for k, v in manifest.items() if k != "content_address"}
+        parts = _given_parts(manifest)
         if _address(parts) != manifest["content_address"]:
             raise ManifestError(
                 "refusing to write a manifest whose content address does not match its content: manifests must not "
@@ -237,7 +252,7 @@ def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -
     else:
         raise ManifestError(f"from_manifest needs a manifest dict or a path/URL, got {type(manifest_or_uri).__name__}")
     _check_schema(manifest)
-    given = {k: canonical_json(v) for k, v in manifest.items() if k != "content_address"}
+    given = _given_parts(manifest)
     if _address(given) != manifest["content_address"]:
         raise ManifestError(
             f"manifest content address does not match its content (recorded {str(manifest['content_address'])[:12]}..., "
@@ -270,6 +285,12 @@ def _check_schema(manifest: Mapping[str, Any]) -> None:
         raise ManifestError(
             f"manifest schema version {version} is newer than this prefect-gliner2 supports "
             f"(up to {MANIFEST_SCHEMA_VERSION}); upgrade prefect-gliner2 to read it"
+        )
+    if version < MANIFEST_SCHEMA_VERSION:
+        raise ManifestError(
+            f"manifest schema version {version} is no longer supported: version 1 sorted the keys inside each record, "
+            "which reorders the schema gliner2 trains on; regenerate the manifest from the data with "
+            "ManagedTrainingPlan(...).to_manifest() (new runs need a new run key)"
         )
     missing = [key for key in _REQUIRED if key not in manifest]
     if missing:

@@ -6,9 +6,11 @@ alternatives ``{"text": ..., "schema": {...}}`` and ``{"text": ..., "entities"/"
 "json_structures": ...}``, and InputExample-like objects (anything with ``to_dict()``; gliner2 itself is never
 imported because it imports torch).
 
-Every record becomes the canonical dict ``{"input": text, "output": {...}}``, stored as its canonical JSON
-(``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``) with the sha256 of
-that JSON's UTF-8 bytes as its content hash. Validation mirrors the structural checks of gliner2's
+Every record becomes the dict ``{"input": text, "output": {...}}``, stored as its record JSON (``record_json``:
+``json.dumps(separators=(",", ":"), ensure_ascii=False, allow_nan=False)`` of ``input`` then ``output``) with the
+sha256 of that JSON's UTF-8 bytes as its content hash. Key order inside ``output`` is KEPT as given, never sorted:
+gliner2's preprocessing reads it (entity types, structure fields and relation fields become the schema in dict
+order), so two records that differ only in key order train differently and must hash differently. Validation mirrors the structural checks of gliner2's
 ``InputExample.validate`` (mentions and values must occur in the text, case-insensitively, or be exact
 ``{"text", "start", "end"}`` spans), adds type checks, and refuses unknown keys instead of ignoring them.
 All problems are collected and reported in one ``RecordError``; no record is ever dropped.
@@ -32,15 +34,23 @@ import fsspec
 from session_core.errors import RecordError
 from session_core.record_checks import TEXT_FORMAT_KEYS, check_record, key_problems, suggest
 
-__all__ = ["Record", "RecordSet", "canonical_json", "load_records", "paused_gc"]
+__all__ = ["Record", "RecordSet", "canonical_json", "load_records", "paused_gc", "record_json"]
 
 MAX_LISTED_PROBLEMS = 20
 _CANONICAL_KW: dict[str, Any] = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
 
 
+_RECORD_KW: dict[str, Any] = {**_CANONICAL_KW, "sort_keys": False}
+
+
 def canonical_json(obj: Any) -> str:
-    """The one canonical JSON encoding used for record hashes, fingerprints and content addresses."""
+    """The canonical JSON (sorted keys) of our own payloads: fingerprints, configs, manifest metadata."""
     return json.dumps(obj, **_CANONICAL_KW)
+
+
+def record_json(obj: Any) -> str:
+    """The JSON of records and record lists: compact like ``canonical_json`` but keeping key order (it is data)."""
+    return json.dumps(obj, **_RECORD_KW)
 
 
 def _not_json(obj: Any) -> Any:
@@ -48,22 +58,22 @@ def _not_json(obj: Any) -> Any:
 
 
 def _make_fast_encoder() -> Callable[[Any], str]:
-    """``canonical_json`` without per-call encoder construction (C encoder reused); verified on a sample."""
+    """``record_json`` without per-call encoder construction (C encoder reused); verified on a sample."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
-        return canonical_json
+        return record_json
     try:
-        encoder = make(None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+        encoder = make(None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
 
         def encode(obj: Any) -> str:
             return "".join(encoder(obj, 0))
 
         sample = {"b": [1, 2.5, -0.0, 1e300, None, True, "é\u2028\"\\"], "a": {"z": (1,), "y": ""}}
-        if encode(sample) != canonical_json(sample):
-            return canonical_json
+        if encode(sample) != record_json(sample):
+            return record_json
         return encode
     except Exception:  # any surprise in a private API: use the public one
-        return canonical_json
+        return record_json
 
 
 _encode = _make_fast_encoder()
@@ -83,7 +93,7 @@ def paused_gc() -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One canonical training record: its canonical JSON, sha256 content hash and input text length."""
+    """One training record: its record JSON (key order kept), sha256 content hash and input text length."""
 
     canonical_json: str
     content_hash: str
@@ -91,7 +101,7 @@ class Record:
 
     @property
     def example(self) -> dict[str, Any]:
-        """A fresh canonical dict ``{"input": ..., "output": {...}}`` (mutating it changes nothing here)."""
+        """A fresh dict ``{"input": ..., "output": {...}}`` in the given key order (mutating it changes nothing here)."""
         return json.loads(self.canonical_json)
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,7 +171,7 @@ class RecordSet(Sequence[Record]):
         return [json.loads(self._canonical[self._row(r)]) for r in rows]
 
     def json_array(self) -> str:
-        """The canonical JSON array of all records (identical to ``canonical_json(self.examples())``)."""
+        """The JSON array of all records (identical to ``record_json(self.examples())``)."""
         return "[" + ",".join(self._canonical) + "]"
 
     def digest(self, row: int) -> bytes:
@@ -385,7 +395,7 @@ def _from_attributes(obj: Any) -> dict[str, Any]:
 def _canonical(record: dict[str, Any]) -> tuple[str, bytes, str | None]:
     """Canonical JSON text and its UTF-8 bytes, or why the record cannot be encoded."""
     try:
-        text = _encode(record)
+        text = _encode({"input": record["input"], "output": record["output"]})
         return text, text.encode("utf-8"), None
     except UnicodeEncodeError:
         return "", b"", "contains text that is not valid Unicode (a lone surrogate); fix the encoding"

@@ -25,12 +25,12 @@ from session_core.manifest import (
     write_manifest,
 )
 from session_core.plan import ManagedTrainingPlan
-from session_core.records import canonical_json, load_records
+from session_core.records import load_records
 
 
 def _records(n: int, offset: int = 0) -> list[dict[str, Any]]:
     return [
-        {"input": f"Person {i} named John met Mary in Paris." + " again" * (i % 3), "output": {"entities": {"person": ["John", "Mary"]}}}
+        {"input": f"Person {i} named John met Mary in Paris." + " again" * (i % 3), "output": {"entities": {"person": ["John", "Mary"], "city": ["Paris"]}}}
         for i in range(offset, offset + n)
     ]
 
@@ -55,7 +55,8 @@ def test_manifest_content() -> None:
     assert manifest["updates"] == [2, 3, 6, 7] and manifest["epoch_ends"] == [3, 7] and manifest["validations"] == [3, 7]
     assert (manifest["max_steps"], manifest["num_epochs"], manifest["batch_count"], manifest["record_count"]) == (4, 2, 8, 7)
     assert manifest["selection"] == plan.selection.to_dict()
-    assert manifest["examples"] == [json.loads(canonical_json(r)) for r in _records(7)]
+    assert manifest["examples"] == _records(7)
+    assert [json.dumps(r) for r in manifest["examples"]] == [json.dumps(r) for r in _records(7)]  # key order kept
     assert manifest["eval_examples"] == _records(2, offset=100)
     assert json.loads(json.dumps(manifest)) == manifest
 
@@ -63,7 +64,11 @@ def test_manifest_content() -> None:
 def test_content_address_is_sha256_of_everything_else() -> None:
     manifest = _plan().to_manifest()
     rest = {k: v for k, v in manifest.items() if k != "content_address"}
-    expected = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+    compact: dict[str, Any] = {"separators": (",", ":"), "ensure_ascii": False}
+    # sorted keys everywhere, except inside the records, whose key order is data
+    parts = {k: json.dumps(v, **compact, sort_keys=k not in ("examples", "eval_examples")) for k, v in rest.items()}
+    joined = "{" + ",".join(f"{json.dumps(k)}:{parts[k]}" for k in sorted(parts)) + "}"
+    expected = hashlib.sha256(joined.encode()).hexdigest()
     assert manifest["content_address"] == expected == content_address(manifest)
     assert manifest["eval_examples"] == []
 
@@ -92,6 +97,9 @@ def test_round_trip_from_dict(architecture: str) -> None:
     again, eval_records = loaded
     assert again is loaded.plan and eval_records is loaded.eval_records
     assert loaded.content_address == plan.to_manifest(eval_examples=evals)["content_address"]
+    rows = loaded.plan.batch(0).examples  # key order inside records survives the round trip (it is data)
+    assert [json.dumps(r) for r in rows] == [json.dumps(_records(7)[i]) for i in loaded.plan.rows(0)]
+    assert [json.dumps(r) for r in loaded.eval_examples] == [json.dumps(r) for r in evals]
 
 
 def test_round_trip_through_a_local_file_is_owner_only_and_atomic(tmp_path: os.PathLike) -> None:
@@ -167,12 +175,15 @@ def test_readdressed_edits_still_fail_the_rebuild() -> None:
 def test_unknown_schema_versions_and_names_are_rejected() -> None:
     manifest = _plan().to_manifest()
     newer = _readdress({**manifest, "schema": {"name": MANIFEST_SCHEMA_NAME, "version": MANIFEST_SCHEMA_VERSION + 1}})
-    with pytest.raises(ManifestError, match="schema version 2 is newer than this prefect-gliner2 supports .*upgrade"):
+    with pytest.raises(ManifestError, match=f"schema version {MANIFEST_SCHEMA_VERSION + 1} is newer than this prefect-gliner2 supports .*upgrade"):
         ManagedTrainingPlan.from_manifest(newer)
     with pytest.raises(ManifestError, match="schema version 0 is not a known version"):
         ManagedTrainingPlan.from_manifest({**manifest, "schema": {"name": MANIFEST_SCHEMA_NAME, "version": 0}})
     with pytest.raises(ManifestError, match="not a training-plan manifest"):
         ManagedTrainingPlan.from_manifest({**manifest, "schema": {"name": "other", "version": 1}})
+    old = _readdress({**manifest, "schema": {"name": MANIFEST_SCHEMA_NAME, "version": 1}})
+    with pytest.raises(ManifestError, match="version 1 is no longer supported: version 1 sorted the keys inside each record.*regenerate"):
+        ManagedTrainingPlan.from_manifest(old)
     with pytest.raises(ManifestError, match="plan algorithm v9"):
         ManagedTrainingPlan.from_manifest(_readdress({**manifest, "plan_algorithm_version": 9}))
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from _session_helpers import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct
+from _session_helpers import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct, train_records
 from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, ExtractorTrainer
 from gliner2.training.trainer import TrainingConfig as NativeConfig
 
@@ -27,6 +27,7 @@ class PlanOrderTrainer(ExtractorTrainer):
     """
 
     plan = None
+    originals = None  # the caller's records as given (native train() never sees our copies of them)
 
     def _setup_seed(self):
         super()._setup_seed()
@@ -39,7 +40,7 @@ class PlanOrderTrainer(ExtractorTrainer):
             max_gold_per_query=(getattr(self.model.config, "boundary_head", None) or {}).get("max_gold_per_query", 32),
             on_capacity_exceeded="raise",
         )
-        plan = self.plan
+        plan, originals = self.plan, self.originals
         rng = self.python_rng
 
         class Loader:
@@ -55,7 +56,7 @@ class PlanOrderTrainer(ExtractorTrainer):
                 start = self.epoch * plan.batches_per_epoch
                 self.epoch += 1
                 for i in range(start, start + plan.batches_per_epoch):
-                    examples = plan.batch(i).examples
+                    examples = [originals[row] for row in plan.rows(i)]
                     with private_python_rng(rng):
                         collated = collator([(r["input"], r["output"]) for r in examples])
                     yield collated
@@ -81,7 +82,9 @@ def test_session_reproduces_native_train_bitwise(arch, lora, tmp_path):
                          group_by_length=False, save_best=False)
     dataset = ExtractorDataset([record.to_dict() for record in plan.records], shuffle=False)
     trainer = PlanOrderTrainer(make_model(arch), NativeConfig(**native_kwargs))
-    trainer.plan = plan
+    trainer.plan, trainer.originals = plan, train_records()
+    # the caller's key order is not sorted: the session must train on it as given, as native train() does
+    assert any(list(r["output"]["entities"]) != sorted(r["output"]["entities"]) for r in trainer.originals)
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     summary = trainer.train(train_data=dataset)
     assert summary["total_steps"] == plan.max_steps

@@ -1,4 +1,4 @@
-"""Records: every accepted input form, canonical JSON and hashes, and every rejection with row and reason."""
+"""Records: every accepted input form, record JSON (key order kept) and hashes, and every rejection with row and reason."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import fsspec
 import pytest
 
 from session_core.errors import RecordError
-from session_core.records import Record, RecordSet, canonical_json, load_records
+from session_core.records import Record, RecordSet, load_records, record_json
 
 TEXT = "John Smith works at Google in Paris."
 
@@ -54,12 +54,13 @@ class AttributeOnlyExample:
         self.classifications: list[Any] = []
 
 
-def test_canonical_json_hash_and_length() -> None:
+def test_record_json_hash_and_length() -> None:
     record = {"output": {"entities": {"person": ["John Smith"], "company": ["Google"]}}, "input": TEXT}
     records = load_records([record])
-    expected = '{"input":"John Smith works at Google in Paris.","output":{"entities":{"company":["Google"],"person":["John Smith"]}}}'
+    # input first, then output; the key order inside output is the caller's (gliner2 reads it), never sorted
+    expected = '{"input":"John Smith works at Google in Paris.","output":{"entities":{"person":["John Smith"],"company":["Google"]}}}'
     assert isinstance(records[0], Record)
-    assert records[0].canonical_json == expected == canonical_json(record)
+    assert records[0].canonical_json == expected == record_json({"input": TEXT, "output": record["output"]})
     assert records[0].content_hash == hashlib.sha256(expected.encode("utf-8")).hexdigest()
     assert records[0].text_length == len(TEXT)
     assert records[0].example == json.loads(expected)
@@ -72,10 +73,12 @@ def test_non_ascii_is_kept_as_utf8() -> None:
     assert loaded.content_hash == hashlib.sha256(loaded.canonical_json.encode("utf-8")).hexdigest()
 
 
-def test_key_order_does_not_change_the_hash() -> None:
+def test_only_the_top_level_key_order_is_normalised() -> None:
     a = {"input": TEXT, "output": {"entities": {"person": ["John Smith"], "company": ["Google"]}}}
-    b = {"output": {"entities": {"company": ["Google"], "person": ["John Smith"]}}, "input": TEXT}
+    b = {"output": {"entities": {"person": ["John Smith"], "company": ["Google"]}}, "input": TEXT}
+    c = {"input": TEXT, "output": {"entities": {"company": ["Google"], "person": ["John Smith"]}}}
     assert load_records([a])[0].content_hash == load_records([b])[0].content_hash
+    assert load_records([a])[0].content_hash != load_records([c])[0].content_hash  # gliner2 trains them differently
 
 
 def test_alternative_native_dict_formats_are_canonicalized() -> None:
@@ -85,6 +88,44 @@ def test_alternative_native_dict_formats_are_canonicalized() -> None:
     records = load_records([native, text_schema, text_entities])
     assert records[0] == records[1] == records[2]
     assert records.example(2) == native
+
+
+def test_key_order_inside_a_record_is_kept_and_hashed() -> None:
+    """gliner2 builds the schema in dict order (entity types, structure fields, relation fields), so order is data:
+    it survives loading, JSONL, the manifest round trip, and two orders are two different records."""
+    first = _rec(entities={"person": ["John Smith"], "company": ["Google"], "city": ["Paris"]},
+                 json_structures=[{"job": {"employer": "Google", "employee": "John Smith"}}])
+    second = _rec(json_structures=[{"job": {"employee": "John Smith", "employer": "Google"}}],
+                  entities={"city": ["Paris"], "company": ["Google"], "person": ["John Smith"]})
+    loaded = load_records([first, second])
+    assert loaded.example(0) == first and list(loaded.example(0)["output"]["entities"]) == ["person", "company", "city"]
+    assert list(loaded.example(0)["output"]["json_structures"][0]["job"]) == ["employer", "employee"]
+    assert list(loaded.example(1)["output"]) == ["json_structures", "entities"]
+    assert list(loaded.example(1)["output"]["entities"]) == ["city", "company", "person"]
+    assert loaded.content_hash(0) != loaded.content_hash(1)
+    assert load_records([loaded.example(0)]).content_hash(0) == loaded.content_hash(0)
+    assert load_records(loaded.examples()) == loaded
+
+
+def test_real_gliner2_input_example_with_every_task_kind() -> None:
+    from gliner2.training.data import ChoiceField, Classification, Relation, Structure
+
+    import session_core
+    from session_core import InputExample  # gliner2's own class, re-exported lazily
+
+    assert InputExample is __import__("gliner2.training", fromlist=["InputExample"]).InputExample
+    assert "InputExample" in session_core.__all__
+
+    example = InputExample(
+        text=TEXT, entities={"person": ["John Smith"], "city": ["Paris"]}, entity_descriptions={"company": "a firm"},
+        classifications=[Classification(task="topic", labels=["work", "sport"], true_label="work")],
+        structures=[Structure("job", employee="John Smith", employer="Google", kind=ChoiceField("full", ["full", "part"]))],
+        relations=[Relation("works_at", head="John Smith", tail="Google")],
+    )
+    assert example.validate() == []
+    loaded = load_records([example])
+    assert loaded.example(0) == example.to_dict()
+    assert json.dumps(loaded.example(0)) == json.dumps(example.to_dict())  # same key order, at every level
 
 
 def test_input_example_duck_typing() -> None:
@@ -248,7 +289,7 @@ def test_record_set_sequence_behaviour() -> None:
     assert records.example(0)["input"] != "mutated"
     assert records.examples([2, 0]) == [records.example(2), records.example(0)]
     assert records.examples() == [records.example(i) for i in range(5)]
-    assert records.json_array() == canonical_json(records.examples())
+    assert records.json_array() == record_json(records.examples())
     assert list(records.lengths) == [len(r["input"]) for r in _records(5)]
     assert load_records(records) is records
     assert records == load_records(_records(5)) and records != load_records(_records(4))
