@@ -3,7 +3,7 @@
     python bench/run_all.py                    # ~12 minutes on a 2-core machine; writes bench/REPORT.md
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
 
-Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py --quick, bench/flow.py --quick --repeat 2,
+Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py --quick --repeat 2,
 bench/chaos.py); its figures are parsed from its --json output where it has one, else from its printed table. The
 report holds the command, the machine (CPU model, cores, torch version), one table of ratios and every script's
 raw output.
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-all-") as tmp:
         if "session" not in skip:
-            out, _, code = run("session.py", "--quick", "--repeats", "3", "--json", f"{tmp}/session.json", timeout=900)
-            raw["bench/session.py --quick --repeats 3"] = out
+            out, _, code = run("session.py", "--repeats", "3", "--json", f"{tmp}/session.json", timeout=1200)
+            raw["bench/session.py --repeats 3"] = out
             if code == 0:
                 rows += session_rows(json.loads(Path(f"{tmp}/session.json").read_text()))
         if "flow" not in skip:

@@ -47,6 +47,7 @@ class _Lane:
 
     def __init__(self, name: str, run_key: str) -> None:
         self.run_key = run_key
+        self.abandoned = False
         self.jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
         context = contextvars.copy_context()
         self.thread: threading.Thread | None = threading.Thread(target=context.run, args=(self._serve,), name=name,
@@ -65,6 +66,7 @@ class _Lane:
         self.thread.join(timeout)
         done = not self.thread.is_alive()
         self.thread = None
+        self.abandoned = not done  # its remaining jobs may outlive the flow run (and its API server)
         return done
 
     def _serve(self) -> None:
@@ -82,7 +84,9 @@ class _Lane:
                 try:
                     job()
                 except Exception as exc:  # noqa: BLE001 - reporting must never fail a training run
-                    logger.warning("could not update the Prefect UI for run %s: %s", self.run_key, exc)
+                    # after the run ended (an abandoned best-effort lane), the server may be gone: not worth a warning
+                    log = logger.debug if self.abandoned else logger.warning
+                    log("could not update the Prefect UI for run %s: %s", self.run_key, exc)
 
 
 class RunReporter:
