@@ -450,23 +450,40 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
                                f"a fresh worker restored the previous checkpoint and replayed; {summary['worker_starts']} "
                                "worker starts, no debris"))
 
-    # A real failing write: RLIMIT_FSIZE makes every write past the limit fail with EFBIG in the flow and its worker.
+    # A real failing write in the middle of a run: once the first checkpoint is committed, prlimit(2) gives the
+    # running flow process and its worker RLIMIT_FSIZE = 64 KiB, so the next checkpoint's files fail with EFBIG.
     key = "disk-full"
-    process = spawn({**base, "run_key": key}, {}, api_url, fsize_limit=64 * 1024)
+    first = int(sorted(p.name for p in (finished / "checkpoints").iterdir())[0].rsplit("-", 1)[1])
+    after = first + 2  # a batch trained after the first checkpoint was committed (and its cursor written)
+    markers = root / "markers-disk-full"
+    markers.mkdir(parents=True, exist_ok=True)
+    process = spawn({**base, "run_key": key}, {"PREFECT_GLINER2_TEST_MARKERS": str(markers),
+                                                   "PREFECT_GLINER2_TEST_PAUSE": f"batch:{after}:3"},
+                    api_url)
+    worker_pid = wait_for(markers, f"batch-{after}", process)
+    limited = []
+    for pid in (process.pid, worker_pid):
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                resource.prlimit(pid, resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+                limited.append(pid)
     output, _ = process.communicate(timeout=300)
     run = storage / key
     cursor = read_cursor(run)
     # Detected means reported as a permanent StorageFullError (EFBIG), not retried as if it were transient.
     efbig = "StorageFullError" in output and "EFBIG" in output
-    committed = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").exists() else []
+    committed = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-"))
+    debris = [p.name for p in (run / "checkpoints").iterdir() if ".partial-" in p.name]
     summary = run_in_process({**base, "run_key": key})
     bits = compare_exports(summary["export"], reference["export"])[2]
     last_error = next((line.strip() for line in reversed(output.splitlines()) if "StorageFullError" in line),
                       next((line.strip() for line in reversed(output.splitlines()) if "Error" in line), ""))
-    results.append(FaultResult("writes fail with EFBIG past 64 KiB (RLIMIT_FSIZE)", process.returncode != 0 and efbig,
-                               f"exit {process.returncode}: {last_error[:300]}", bits == 0,
-                               f"failed run left cursor {cursor and cursor['cursor']} and {committed or 'no'} checkpoints; "
-                               f"a resume without the fault finished from batch {summary['resumed_from_batch']}"))
+    results.append(FaultResult("writes fail with EFBIG mid-run (RLIMIT_FSIZE 64 KiB set by prlimit after the first "
+                               "checkpoint)", process.returncode != 0 and efbig and len(limited) == 2,
+                               f"exit {process.returncode}: {last_error[:300]}", bits == 0 and bool(committed),
+                               f"the failed run kept {committed} (cursor at batch {cursor and cursor['cursor']}), "
+                               f"left {len(debris)} staging dir(s) for the next run to clean; the rerun without the "
+                               f"fault continued from batch {summary['resumed_from_batch']}"))
     return results
 
 

@@ -46,3 +46,6 @@ def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server
         assert fault.continued_exactly and "moved aside" in fault.note, text
     assert all(f.continued_exactly for f in faults[3:]), text
     assert "StorageFullError" in faults[4].error and "free space" in faults[4].error, text  # permanent, not retried
+    assert "kept ['step-000002-batch-000003']" in faults[4].note, text  # committed before the fault: kept, used
+    assert "continued from batch 4" in faults[4].note, text
+    print(text)
