@@ -1,6 +1,6 @@
 """Benchmark report: run the plan, session, flow and chaos benchmarks side by side and write one markdown table.
 
-    python bench/run_all.py                    # ~12 minutes on a 2-core machine; writes bench/REPORT.md
+    python bench/run_all.py                    # ~8 minutes on a 2-core machine; writes bench/REPORT.md
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
 
 Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py --quick --repeat 2,

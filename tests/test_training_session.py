@@ -28,6 +28,7 @@ from session_core import (
     AdapterMismatchError,
     CheckpointError,
     ConfigError,
+    ManagedTrainingPlan,
     PrecisionError,
     RecordError,
     SessionStateError,
@@ -474,3 +475,40 @@ def test_other_users_of_the_global_random_module_cannot_shift_training(arch):
             noisy.optim_step()
     assert losses == expected_losses
     assert_bitwise_equal(snapshot(noisy), expected)
+
+
+def _every_task_kind(n: int) -> list[dict]:
+    """Records with entities (and a negative type), descriptions, a classification, a structure with a choice field
+    and two relations, keys in no particular order: what real datasets hold beyond the tiny entity records."""
+    people, firms, cities = ("alice smith", "bob jones", "carol brown"), ("acme", "globex", "hooli"), ("paris", "rome")
+    out = []
+    for i in range(n):
+        person, firm, city = people[i % 3], firms[(i + 1) % 3], cities[i % 2]
+        out.append({"input": f"{person} works at {firm} in {city} .", "output": {
+            "relations": [{"works_at": {"head": person, "tail": firm}}, {"located_in": {"head": firm, "tail": city}}],
+            "entities": {"person": [person], "company": [firm], "city": [city], "day": []},
+            "entity_descriptions": {"person": "a human"},
+            "json_structures": [{"job": {"employer": firm, "employee": person,
+                                         "kind": {"value": "full", "choices": ["part", "full"]}}}],
+            "classifications": [{"task": "topic", "labels": ["work", "sport"], "true_label": ["work"]}],
+        }})
+    return out
+
+
+@pytest.mark.parametrize(("arch", "lora"), [("span", True), ("boundary", False)], ids=["span-lora", "boundary-full"])
+def test_every_task_kind_trains_and_continues_exactly(arch, lora, tmp_path):
+    config = make_config(arch, lora)
+    plan = ManagedTrainingPlan(_every_task_kind(7), config, architecture=arch)
+    session = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)
+    cut = 4  # mid-window in the first epoch
+    head = run_direct(session, plan, stop=cut + 1)
+    session.save_state(str(tmp_path / "ckpt"))
+    tail = run_direct(session, plan, start=cut + 1)
+    assert all(np.isfinite(loss) for loss in head + tail) and session.step == plan.max_steps
+    expected = snapshot(session)
+    session.close()
+
+    resumed = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)
+    resumed.load_state(str(tmp_path / "ckpt"))
+    assert run_direct(resumed, plan, start=cut + 1) == tail
+    assert_bitwise_equal(snapshot(resumed), expected)
