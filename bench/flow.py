@@ -4,6 +4,7 @@
 
     python bench/flow.py            # tiny model (hidden 32) and a ~100 ms/step model (tiny:span:256x2)
     python bench/flow.py --quick    # smaller plans, for a smoke test
+    python bench/flow.py --quick --device cuda [--bf16]   # the same comparison on a GPU (bench/gpu.sh)
 
 Every variant pays its own start-up: (a) is a fresh interpreter that imports torch, builds the model, trains and
 exports; (b), (b2) and (c) are `train_flow` calls (the worker process imports torch, builds, restores, trains,
@@ -33,6 +34,7 @@ CASES: list[dict[str, Any]] = [
     {"name": "~100 ms/step (256x2)", "model": "tiny:span:256x2", "records": 400, "quick_records": 80,
      "grouped": {"batches_per_task": 4, "pipeline_depth": 2}},
 ]
+DEVICE = "cpu"
 CONFIG = {"fp16": False, "bf16": False, "batch_size": 4, "num_epochs": 2, "eval_strategy": "epoch", "seed": 3,
           "encoder_lr": 1e-4, "task_lr": 1e-3}
 
@@ -44,7 +46,7 @@ torch.set_num_threads({threads})
 from session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
 from tasks.models import load_model
 loaded = ManagedTrainingPlan.from_manifest({manifest!r})
-session = TrainingSession(load_model({model!r}), loaded.plan.config, max_steps=loaded.plan.max_steps)
+session = TrainingSession(load_model({model!r}), loaded.plan.config, max_steps=loaded.plan.max_steps, device={device!r})
 run = ManagedTraining(session, loaded.plan, eval_examples=loaded.eval_examples or None)
 started = time.perf_counter()
 run.run()
@@ -70,10 +72,10 @@ def run_direct(case: dict[str, Any], inputs: dict[str, str], work: Path, threads
     from tasks.models import model_architecture
 
     plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(CONFIG), architecture=model_architecture(case["model"]))
-    manifest = str(work / "direct-manifest.json")
+    manifest = str(work / f"direct-manifest-{key}.json")
     write_manifest(plan.manifest_bytes(inputs["valid"]), manifest)
     script = _DIRECT.format(root=str(ROOT), threads=threads, manifest=manifest, model=case["model"],
-                            export=str(work / f"direct-export-{key}"))
+                            export=str(work / f"direct-export-{key}"), device=DEVICE)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
@@ -92,7 +94,8 @@ def run_flow(case: dict[str, Any], inputs: dict[str, str], work: Path, key: str,
     with prefect_test_harness(server_startup_timeout=120):
         started = time.perf_counter()
         train_flow(model=case["model"], train_data=inputs["train"], valid_data=inputs["valid"], config=CONFIG,
-                   run_key=key, storage=str(work / "runs"), checkpoint_every=0, cpu_threads=threads, **options)
+                   run_key=key, storage=str(work / "runs"), checkpoint_every=0, cpu_threads=threads, device=DEVICE,
+                   **options)
         return time.perf_counter() - started
 
 
@@ -116,7 +119,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller plans (smoke test)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for every variant (default 1)")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each variant; the minimum is reported")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (every variant trains there)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 (CUDA with native bf16 only)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    CONFIG["bf16"] = bool(args.bf16)
+    print(f"device {DEVICE}, {'bf16' if args.bf16 else 'fp32'}, {args.threads} torch thread(s)")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     rows = []

@@ -2,6 +2,7 @@
 
     python bench/run_all.py                    # ~8 minutes on a 2-core machine; writes bench/REPORT.md
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
+    python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
 
 Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py --quick --repeat 2,
 bench/chaos.py); its figures are parsed from its --json output where it has one, else from its printed table. The
@@ -28,7 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
+    gpu = ""
+    if device.startswith("cuda"):
+        gpu = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                             capture_output=True, text=True).stdout.strip() or "unknown GPU"
+        gpu = f"{gpu} (CUDA), "
     cpu = platform.processor() or "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -43,7 +49,7 @@ def machine() -> str:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 0
-    return f"{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch}, {platform.system()} {platform.release()}"
+    return f"{gpu}{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch}, {platform.system()} {platform.release()}"
 
 
 def run(script: str, *args: str, timeout: float) -> tuple[str, float, int]:
@@ -140,20 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chaos", default="--seed 0",
                         help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)")
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,chaos")
+    parser.add_argument("--flow-repeat", type=int, default=2, help="runs of each flow variant (minimum kept)")
+    parser.add_argument("--device", default="cpu", help="where session.py and flow.py train: cpu or cuda")
+    parser.add_argument("--bf16", action="store_true", help="session.py and flow.py in bf16 (CUDA with native bf16)")
     args = parser.parse_args(argv)
+    on = ["--device", args.device] + (["--bf16"] if args.bf16 else [])
     skip = set(filter(None, args.skip.split(",")))
     started = time.perf_counter()
     rows: list[Row] = []
     raw: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-all-") as tmp:
         if "session" not in skip:
-            out, _, code = run("session.py", "--repeats", "3", "--json", f"{tmp}/session.json", timeout=1200)
-            raw["bench/session.py --repeats 3"] = out
+            out, _, code = run("session.py", "--repeats", "3", *on, "--json", f"{tmp}/session.json", timeout=1200)
+            raw[f"bench/session.py --repeats 3 {' '.join(on)}"] = out
             if code == 0:
                 rows += session_rows(json.loads(Path(f"{tmp}/session.json").read_text()))
         if "flow" not in skip:
-            out, _, _ = run("flow.py", "--quick", "--repeat", "2", timeout=900)
-            raw["bench/flow.py --quick --repeat 2"] = out
+            repeat = str(args.flow_repeat)
+            out, _, _ = run("flow.py", "--quick", "--repeat", repeat, *on, timeout=900)
+            raw[f"bench/flow.py --quick --repeat {repeat} {' '.join(on)}"] = out
             rows += flow_rows(out)
         if "plan" not in skip:
             out, _, _ = run("plan.py", "--sizes", args.plan_sizes, timeout=900)
@@ -165,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             if Path(f"{tmp}/chaos.json").exists():
                 rows += chaos_rows(json.loads(Path(f"{tmp}/chaos.json").read_text()))
     command = " ".join([Path(sys.executable).name, "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])])
-    report = markdown(command, machine(), rows, raw, time.perf_counter() - started)
+    report = markdown(command, machine(args.device), rows, raw, time.perf_counter() - started)
     print(report)
     Path(args.out).write_text(report)
     return 0
