@@ -42,11 +42,19 @@ def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
     from flows.train import TrainingConfigModel, train_flow
     from session_core import TrainingConfig
 
+    from tasks.errors import RunConflictError
+
     directory = os.path.abspath(directory)
     paths = write_demo_inputs(directory)
     config = TrainingConfig.from_file(paths["config"])
-    return train_flow(
-        model="tiny:span", train_data=paths["train"], valid_data=paths["valid"], config=TrainingConfigModel.model_validate(config),
-        run_key="demo", storage=os.path.join(directory, "runs"), export_to=os.path.join(directory, "model"),
-        checkpoint_every=4, batches_per_task=1,
-    )
+    try:
+        return train_flow(
+            model="tiny:span", train_data=paths["train"], valid_data=paths["valid"],
+            config=TrainingConfigModel.model_validate(config), run_key="demo", storage=os.path.join(directory, "runs"),
+            export_to=os.path.join(directory, "model"), checkpoint_every=4, batches_per_task=1,
+        )
+    except RunConflictError as exc:
+        raise RunConflictError(
+            f"the demo directory {directory} holds a demo run with a different plan (made by another version of "
+            f"prefect-gliner2?): delete that directory to start the demo over, or pass another --dir. ({exc})"
+        ) from exc

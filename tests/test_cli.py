@@ -120,12 +120,20 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
 
 
 def test_demo_trains_the_tiny_model_offline(prefect_server: str, tmp_path: Path,  # noqa: F811
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+                                           capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
     assert json.loads((tmp_path / "demo" / "model" / "export.json").read_text())["label"] == "best"
     assert (tmp_path / "demo" / "runs" / "demo" / "cursor.json").exists()
+    # a demo directory left by a different plan (e.g. another version): a clear way out, nothing touched
+    from flows.demo import DEMO_CONFIG
+
+    monkeypatch.setitem(DEMO_CONFIG, "seed", 8)
+    before = sorted(p.name for p in (tmp_path / "demo" / "runs" / "demo" / "checkpoints").iterdir())
+    assert main(["demo", "--dir", str(tmp_path / "demo")]) == 2
+    assert "delete that directory to start the demo over, or pass another --dir" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "demo" / "runs" / "demo" / "checkpoints").iterdir()) == before
 
 
 def test_flow_and_cli_modules_do_not_import_torch() -> None:
