@@ -41,7 +41,6 @@ def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
     """Run the demo flow; returns the flow's summary (``export`` is the trained model)."""
     from flows.train import TrainingConfigModel, train_flow
     from session_core import TrainingConfig
-
     from tasks.errors import RunConflictError
 
     directory = os.path.abspath(directory)
