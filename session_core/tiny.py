@@ -43,6 +43,7 @@ from session_core.tiny_data import check_seed as _check_seed
 
 __all__ = [
     "BENCH_MODEL_SIZE",
+    "TINY_ENCODERS",
     "GLINER2_SPECIAL_TOKENS",
     "TINY_ENTITY_TYPES",
     "TINY_SPECIAL_TOKENS",
@@ -64,6 +65,8 @@ ARCHITECTURES = ("span", "boundary")
 #: parameters), boundary ~65 ms (4.7M). The defaults (hidden 32, 1 layer) take
 #: ~12 ms (span) / ~15 ms (boundary).
 BENCH_MODEL_SIZE: Mapping[str, int] = MappingProxyType({"hidden_size": 256, "num_layers": 3})
+#: Encoder families the tiny builders can make: BERT (absolute positions) and DeBERTa-v2 (relative attention).
+TINY_ENCODERS: tuple[str, ...] = ("bert", "deberta-v2")
 
 # ---------------------------------------------------------------------------
 # RNG isolation
@@ -173,17 +176,42 @@ def tiny_encoder_config(
     intermediate_size: int | None = None,
     dropout: float = 0.0,
     max_position_embeddings: int = 512,
+    encoder: str = "bert",
 ):
-    """A ``transformers.BertConfig`` sized to :func:`tiny_vocab` (no resize needed)."""
-    from transformers import BertConfig
+    """A ``transformers`` encoder config sized to :func:`tiny_vocab` (no resize needed).
+
+    ``encoder``: ``"bert"`` (``BertConfig``, absolute positions) or ``"deberta-v2"`` (``DebertaV2Config`` with
+    relative position attention, the encoder family of the released GLiNER2 models).
+    """
+    from transformers import BertConfig, DebertaV2Config
 
     if hidden_size <= 0 or num_layers <= 0:
         raise ValueError("hidden_size and num_layers must be > 0")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if encoder not in TINY_ENCODERS:
+        raise ValueError(f"encoder must be one of {TINY_ENCODERS}, got {encoder!r}")
     heads = num_heads or _default_heads(hidden_size)
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {heads}")
+    if encoder == "deberta-v2":
+        return DebertaV2Config(
+            vocab_size=len(tiny_vocab()),
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            intermediate_size=intermediate_size or 4 * hidden_size,
+            hidden_act="gelu",
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            max_position_embeddings=max_position_embeddings,
+            relative_attention=True,
+            position_buckets=32,
+            pos_att_type=["p2c", "c2p"],
+            type_vocab_size=0,
+            initializer_range=0.02,
+            pad_token_id=0,
+        )
     return BertConfig(
         vocab_size=len(tiny_vocab()),
         hidden_size=hidden_size,
@@ -209,14 +237,16 @@ def build_tiny_encoder_dir(
     num_heads: int | None = None,
     intermediate_size: int | None = None,
     dropout: float = 0.0,
+    encoder: str = "bert",
 ) -> Path:
-    """Save a randomly initialised tiny ``BertModel`` plus the tiny tokenizer.
+    """Save a randomly initialised tiny encoder (``BertModel``, or ``DebertaV2Model`` with ``encoder="deberta-v2"``)
+    plus the tiny tokenizer.
 
     ``directory`` then works as an encoder ``model_name`` for
     ``AutoModel``/``AutoTokenizer.from_pretrained`` (offline). Same seed and
     sizes -> byte-identical ``model.safetensors``. Returns the directory.
     """
-    from transformers import BertModel
+    from transformers import AutoModel
 
     _check_seed(seed)
     config = tiny_encoder_config(
@@ -225,11 +255,12 @@ def build_tiny_encoder_dir(
         num_heads=num_heads,
         intermediate_size=intermediate_size,
         dropout=dropout,
+        encoder=encoder,
     )
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     with _isolated_rng(seed):
-        model = BertModel(config)
+        model = AutoModel.from_config(config)
     model.save_pretrained(str(path))
     build_tiny_tokenizer(path)
     return path
@@ -300,6 +331,7 @@ def save_tiny_model(
     dropout: float = 0.0,
     max_width: int = 8,
     boundary_head: Mapping[str, Any] | None = None,
+    encoder: str = "bert",
 ) -> Path:
     """Write a native gliner2 model directory that ``AutoExtractor.from_pretrained`` loads offline.
 
@@ -310,7 +342,8 @@ def save_tiny_model(
     ``dropout`` sets the encoder's hidden/attention dropout and the boundary
     head's dropout. (The span head has a hard-coded 0.1 dropout in
     ``span_rep`` whatever the config says.) ``boundary_head`` overrides
-    individual boundary settings on top of :func:`tiny_boundary_head`.
+    individual boundary settings on top of :func:`tiny_boundary_head`. ``encoder`` picks the encoder family
+    (``"bert"`` or ``"deberta-v2"``, see :func:`tiny_encoder_config`).
 
     Deterministic: same arguments -> byte-identical ``model.safetensors`` and
     ``config.json``. Global RNG state is left untouched. Returns the directory.
@@ -325,6 +358,7 @@ def save_tiny_model(
         num_heads=num_heads,
         intermediate_size=intermediate_size,
         dropout=dropout,
+        encoder=encoder,
     )
     config = _extractor_config(
         arch,
@@ -366,7 +400,7 @@ def build_tiny_model(
     in *training* mode (``model.training`` is True; gliner2's extract methods
     call ``eval()`` themselves and do not switch back). ``kwargs`` go to
     :func:`save_tiny_model` (``dropout``, ``max_width``, ``boundary_head``,
-    ``num_heads``, ``intermediate_size``).
+    ``num_heads``, ``intermediate_size``, ``encoder``).
 
     Note: a model loaded from a temporary directory has ``name_or_path``
     pointing at a directory that no longer exists; pass ``directory`` when

@@ -279,6 +279,13 @@ def test_options_reach_the_model(tmp_path, offline):
     custom = build_tiny_model("boundary", boundary_head={"enable_records": False, "enable_relations": False})
     assert not hasattr(custom, "record_decoder") and not hasattr(custom, "relation_scorer")
 
+    deberta = build_tiny_model("span", encoder="deberta-v2")
+    assert deberta.encoder.config.model_type == "deberta-v2" and deberta.encoder.config.relative_attention
+    assert _files(save_tiny_model(tmp_path / "d1", "boundary", encoder="deberta-v2")) == _files(
+        save_tiny_model(tmp_path / "d2", "boundary", encoder="deberta-v2"))
+    with pytest.raises(ValueError, match="encoder must be one of"):
+        save_tiny_model(tmp_path / "bad", "span", encoder="roberta")
+
     with pytest.raises(ValueError):
         save_tiny_model(tmp_path / "bad", "token")
     with pytest.raises(ValueError):

@@ -512,3 +512,28 @@ def test_every_task_kind_trains_and_continues_exactly(arch, lora, tmp_path):
     resumed.load_state(str(tmp_path / "ckpt"))
     assert run_direct(resumed, plan, start=cut + 1) == tail
     assert_bitwise_equal(snapshot(resumed), expected)
+
+
+@pytest.mark.parametrize(("arch", "lora"), [("span", False), ("boundary", True)], ids=["span-full", "boundary-lora"])
+def test_a_deberta_v2_encoder_trains_and_continues_exactly(arch, lora, tmp_path):
+    """The released GLiNER2 models use DeBERTa-v2 encoders (relative attention): same exactness as the BERT ones."""
+    from session_core.tiny import build_tiny_model
+
+    def model():
+        return build_tiny_model(arch, seed=3, dropout=0.1, num_layers=2, encoder="deberta-v2")
+
+    assert model().encoder.config.model_type == "deberta-v2"
+    config = make_config(arch, lora)
+    plan = make_plan(arch, config)
+    session = TrainingSession(model(), config, max_steps=plan.max_steps)
+    run_direct(session, plan, stop=7)  # second epoch, mid-window
+    assert session.pending_micro_batches == 2
+    session.save_state(str(tmp_path / "ckpt"))
+    tail = run_direct(session, plan, start=7)
+    expected = snapshot(session)
+    session.close()
+
+    resumed = TrainingSession(model(), config, max_steps=plan.max_steps)
+    resumed.load_state(str(tmp_path / "ckpt"))
+    assert run_direct(resumed, plan, start=7) == tail
+    assert_bitwise_equal(snapshot(resumed), expected)
