@@ -195,6 +195,8 @@ def tiny_encoder_config(
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {heads}")
     if encoder == "deberta-v2":
+        # position_buckets is read by the model (getattr) but not declared by the config class
+        extra: dict[str, Any] = {"position_buckets": 32}
         return DebertaV2Config(
             vocab_size=len(tiny_vocab()),
             hidden_size=hidden_size,
@@ -206,11 +208,11 @@ def tiny_encoder_config(
             attention_probs_dropout_prob=dropout,
             max_position_embeddings=max_position_embeddings,
             relative_attention=True,
-            position_buckets=32,
             pos_att_type=["p2c", "c2p"],
             type_vocab_size=0,
             initializer_range=0.02,
             pad_token_id=0,
+            **extra,
         )
     return BertConfig(
         vocab_size=len(tiny_vocab()),
