@@ -66,7 +66,7 @@ def _limit(deployment: Any) -> int | None:
     return limit.limit if limit is not None else None
 
 
-def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str) -> None:  # noqa: F811
+def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -91,6 +91,24 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str) -> None:  #
     TrainingConfigModel.model_validate(nightly.parameters["config"])  # the scheduled defaults are a valid config
     _assert_refused(TRAIN, {"model": "tiny:span", "config": {"fp16": False, "bf16": False, "batch_size": "abc"}})
     _assert_refused(TRAIN, {"train_data": "data/train.jsonl"})  # `model` is required
+
+    # What the UI's "Run" button does: a flow run of the deployment, executed by a real process worker
+    from prefect.deployments import run_deployment
+
+    data = tmp_path / "data"
+    data.mkdir()
+    run = run_deployment(TRAIN, timeout=0, parameters={
+        "model": "tiny:span", "train_data": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
+        "valid_data": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)), "config": config(num_epochs=1),
+        "run_key": "pool-train", "cpu_threads": THREADS})
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gliner2-process", "--run-once",
+         "--type", "process"], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+        env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs"), PREFECT_WORKER_QUERY_SECONDS="1",
+                 PREFECT_WORKER_PREFETCH_SECONDS="60"))
+    state = _wait_final(run.id, timeout=60)
+    assert state is not None and state.is_completed(), (state, worker.stdout[-4000:], worker.stderr[-4000:])
+    assert (tmp_path / "runs" / "pool-train" / "export" / "export.json").exists()
 
 
 @pytest.fixture()
