@@ -1,4 +1,4 @@
-"""The scheduled retraining flow: retrain a registered model when its dataset changed, promote only a better one.
+"""The scheduled retraining flow: retrain a registered model when its inputs changed, promote only a better one.
 
     from flows.retrain import retrain_flow
 
@@ -7,11 +7,12 @@
                            base_model="fastino/gliner2-base-v1", config={"fp16": False, "bf16": False})
     outcome["status"]        # "unchanged", "promoted" or "rejected"
 
-Each run fingerprints the dataset (sha256 over the train and validation records' content digests). When the newest
-registered version was trained on the same data, it finishes at once ("nothing to do"). Otherwise it trains a
-candidate with ``train_flow`` (a subflow) starting from the current production model's weights (fresh optimizer
-and schedule; the base model for the first version), under a run key derived from the model name, the data
-fingerprint and the starting version, so a crashed retrain resumes that run. Candidate and current model are
+Each run fingerprints the dataset (sha256 over the train and validation records' content digests) and its inputs
+(the dataset, the training settings that change the numbers and the base model). When the newest registered version
+was trained from the same inputs, it finishes at once ("nothing to do"). Otherwise it trains a candidate with
+``train_flow`` (a subflow) starting from the current production model's weights (fresh optimizer and schedule; the
+base model for the first version), under a run key derived from the model name, the inputs fingerprint and the
+starting version, so a crashed retrain resumes that run (and changed settings never collide with it). Candidate and current model are
 scored on the same held-out records in a child process; the candidate is registered with its lineage either way
 and CURRENT moves only when it beats the current model by `margin` (the first candidate is always promoted).
 Importing this module does not import torch.
@@ -35,7 +36,7 @@ from session_core.records import load_records
 from tasks.model_eval import evaluate_models
 from tasks.model_registry import ModelRegistry, ModelVersion
 
-__all__ = ["data_fingerprint", "decide", "retrain_flow", "retrain_run_key"]
+__all__ = ["data_fingerprint", "decide", "inputs_fingerprint", "retrain_flow", "retrain_run_key"]
 
 EVENT_PREFIX = "prefect-gliner2.model"
 EVAL_KEYS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")  # managed.EVAL_KEYS
@@ -49,8 +50,15 @@ def data_fingerprint(train_data: str | list[str], valid_data: str | list[str]) -
     return {"data_fingerprint": combined, "train_records_sha256": train, "valid_records_sha256": valid}
 
 
+def inputs_fingerprint(data: dict[str, Any], config: Any, base_model: str) -> str:
+    """What a candidate is trained from: the data fingerprint, every training setting that changes the numbers
+    (``TrainingConfig.fingerprint_fields``) and the base model source. A change to any of them retrains."""
+    payload = {"data": data["data_fingerprint"], "config": config.fingerprint_fields(), "base_model": base_model}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
 def retrain_run_key(model_name: str, fingerprint: str, base: ModelVersion | None) -> str:
-    """`retrain-<name>-<data fingerprint>-<starting version>`: the same inputs resume the same run."""
+    """`retrain-<name>-<inputs fingerprint>-<starting version>`: the same inputs resume the same run."""
     return f"retrain-{model_name[:64]}-{fingerprint[:16]}-{base.version if base is not None else 'base'}"
 
 
@@ -81,7 +89,8 @@ def retrain_flow(
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
     device: str | None = None,
 ) -> State:
-    """Retrain `model_name` on changed data and promote the candidate only when it is better.
+    """Retrain `model_name` when its data (or its training settings or base model) changed, and promote the
+    candidate only when it is better.
 
     Args:
         model_name: The model's name in the registry (also names the run keys and the promotion event).
@@ -104,14 +113,16 @@ def retrain_flow(
     registry = ModelRegistry(registry_root, model_name)
     data = data_fingerprint(train_data, valid_data)
     fingerprint = data["data_fingerprint"]
+    training = config.to_training_config()
+    inputs = inputs_fingerprint(data, training, base_model)
     current, latest = registry.current(), registry.latest()
-    if latest is not None and latest.lineage.get("data_fingerprint") == fingerprint:
+    if latest is not None and latest.lineage.get("inputs_fingerprint") == inputs:
         return _unchanged(registry, latest, current, fingerprint)
 
-    training = config.to_training_config()
-    run_key = retrain_run_key(model_name, fingerprint, current)
-    logger.info("dataset %s of %s is new: training candidate run %s from %s", fingerprint[:12], model_name, run_key,
-                current.version if current is not None else base_model)
+    run_key = retrain_run_key(model_name, inputs, current)
+    changed = "dataset" if latest is None or latest.lineage.get("data_fingerprint") != fingerprint else "settings"
+    logger.info("new %s for %s (dataset %s): training candidate run %s from %s", changed, model_name, fingerprint[:12],
+                run_key, current.version if current is not None else base_model)
     summary = train_flow(model=base_model, train_data=train_data, valid_data=valid_data, config=config,
                          run_key=run_key, storage=storage or default_storage(), checkpoint_every=checkpoint_every,
                          cpu_threads=cpu_threads, device=device,
@@ -124,7 +135,7 @@ def retrain_flow(
     promote, reason = decide(scores["candidate"][metric], scores["current"][metric] if current is not None else None,
                              greater_is_better=greater_is_better, margin=margin)
     lineage = {
-        **data, "model_name": model_name, "base_model": base_model,
+        **data, "inputs_fingerprint": inputs, "model_name": model_name, "base_model": base_model,
         "base_model_hash": scores["candidate"]["base_model_hash"],
         "weights_sha256": scores["candidate"]["weights_sha256"],
         "init_weights": current.version if current is not None else None,
@@ -160,15 +171,16 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
         _emit_promotion(registry.name, latest, current, latest.lineage)
         current, status = latest, "promoted"
         logger.info("completed the interrupted promotion of %s %s", registry.name, latest.version)
-    message = (f"nothing to do: {registry.name} {latest.version} was already trained on dataset {fingerprint[:12]}; "
-               f"current version {current.version if current is not None else None}")
+    message = (f"nothing to do: {registry.name} {latest.version} was already trained on dataset {fingerprint[:12]} "
+               f"with these settings; current version {current.version if current is not None else None}")
     logger.info(message)
     outcome = {"status": status, "model_name": registry.name, "version": latest.version,
                "current": current.version if current is not None else None, "data_fingerprint": fingerprint,
                "reason": message}
     create_markdown_artifact(key=_artifact_key(registry.name, "retrain"), markdown=f"## Retraining {registry.name}\n\n"
-                             f"Nothing to do: the dataset (`{fingerprint[:16]}`) is the one {latest.version} was "
-                             f"trained on. Current version: {outcome['current']}.\n", description=message)
+                             f"Nothing to do: the dataset (`{fingerprint[:16]}`), settings and base model are the "
+                             f"ones {latest.version} was trained with. Current version: {outcome['current']}.\n",
+                             description=message)
     return Completed(message=message, data=outcome)
 
 

@@ -13,7 +13,8 @@ from _flow_helpers import THREADS, config, write_jsonl
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
 from flows import retrain
-from flows.retrain import data_fingerprint, decide, retrain_flow
+from flows.retrain import data_fingerprint, decide, inputs_fingerprint, retrain_flow
+from flows.train import TrainingConfigModel
 from session_core.tiny import tiny_records
 from tasks.errors import RunConflictError
 from tasks.model_registry import ModelRegistry
@@ -21,7 +22,8 @@ from tasks.model_registry import ModelRegistry
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 NAME = "ner-tiny"
-LINEAGE_KEYS = {"base_model", "base_model_hash", "data_fingerprint", "manifest_fingerprint", "plan_fingerprint",
+LINEAGE_KEYS = {"base_model", "base_model_hash", "data_fingerprint", "inputs_fingerprint", "manifest_fingerprint",
+                "plan_fingerprint",
                 "run_key", "metrics", "promoted", "reason", "init_weights", "train_records_sha256",
                 "valid_records_sha256", "version"}
 
@@ -107,6 +109,14 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert json.loads((tmp_path / "registry" / NAME / "CURRENT.json").read_text())["previous"] == "v000001"
     assert [e["resource"]["version"] for e in events] == ["v000001", "v000003"]
 
+    # same data, other training settings: a new candidate (never a conflict with the earlier run key)
+    assert _retrain(tmp_path, str(train), valid, config=config(num_epochs=2))["status"] == "unchanged"
+    settings = _retrain(tmp_path, str(train), valid, config=config(num_epochs=1), margin=1e6)
+    assert (settings["status"], settings["version"], settings["current"]) == ("rejected", "v000004", "v000003")
+    v4 = registry.get("v000004")
+    assert v4.lineage["data_fingerprint"] == registry.get("v000003").lineage["data_fingerprint"]
+    assert v4.lineage["inputs_fingerprint"] != registry.get("v000003").lineage["inputs_fingerprint"]
+
 
 def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> None:
     """A run that registered a promoted candidate but died before moving CURRENT: the next run finishes the job."""
@@ -116,7 +126,10 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
     model.mkdir()
     (model / "config.json").write_text("{}")
     registry = ModelRegistry(str(tmp_path / "registry"), NAME)
-    registry.register(str(model), {**data_fingerprint(train, valid), "promoted": True})
+    data = data_fingerprint(train, valid)
+    training = TrainingConfigModel.model_validate(config(num_epochs=1)).to_training_config()
+    inputs = inputs_fingerprint(data, training, "tiny:span")
+    registry.register(str(model), {**data, "inputs_fingerprint": inputs, "promoted": True})
     assert registry.current() is None
     outcome = _retrain(tmp_path, train, valid)
     assert (outcome["status"], outcome["current"]) == ("promoted", "v000001")
