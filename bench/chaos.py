@@ -50,11 +50,13 @@ MID_WINDOW = (0, 2, 4, 6, 8, 10)  # batch i+1 not trained yet while batch i's gr
 CHECKPOINTS = (3, 5, 7, 11)
 VALIDATIONS = (5, 11)
 LAST = 11
-CASES = {
-    "boundary": {"model": "tiny:boundary", "lora": False},
-    "span-lora": {"model": "tiny:span", "lora": True},
-    "span": {"model": "tiny:span", "lora": False},
-    "boundary-lora": {"model": "tiny:boundary", "lora": True},
+# Two cases run the flow pipelined (operations sent to the worker ahead of their task; one also groups batches per
+# task), so kills also land while pre-sent operations are in flight.
+CASES: dict[str, dict[str, Any]] = {
+    "boundary": {"model": "tiny:boundary", "lora": False, "flow": {}},
+    "span-lora": {"model": "tiny:span", "lora": True, "flow": {"pipeline_depth": 2}},
+    "span": {"model": "tiny:span", "lora": False, "flow": {}},
+    "boundary-lora": {"model": "tiny:boundary", "lora": True, "flow": {"batches_per_task": 3, "pipeline_depth": 2}},
 }
 QUICK_PLAN = {"boundary": ["mid-window"], "span-lora": ["worker"]}
 COMPARED_SUMMARY = ("total_steps", "total_epochs", "best_metric", "best_step", "label", "stopped_early", "batch_count",
@@ -347,7 +349,7 @@ def run_case(case: str, kinds: list[str] | list[tuple[str, int | None]], root: P
     storage = root / "runs"
     base = dict(model=spec["model"], train_data=inputs["train"], valid_data=inputs["valid"],
                 config=flow_config(bool(spec["lora"])), storage=str(storage), checkpoint_every=CHECKPOINT_EVERY,
-                cpu_threads=THREADS)
+                cpu_threads=THREADS, **spec["flow"])
     result = CaseResult(case)
     root.mkdir(parents=True, exist_ok=True)
     markers = Path(tempfile.mkdtemp(prefix="markers-reference-", dir=root))
