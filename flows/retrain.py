@@ -12,9 +12,10 @@ Each run fingerprints the dataset (sha256 over the train and validation records'
 was trained from the same inputs, it finishes at once ("nothing to do"). Otherwise it trains a candidate with
 ``train_flow`` (a subflow) starting from the current production model's weights (fresh optimizer and schedule; the
 base model for the first version), under a run key derived from the model name, the inputs fingerprint and the
-starting version, so a crashed retrain resumes that run (and changed settings never collide with it). Candidate and current model are
-scored on the same held-out records in a child process; the candidate is registered with its lineage either way
-and CURRENT moves only when it beats the current model by `margin` (the first candidate is always promoted).
+starting version, so a crashed retrain resumes that run (and changed settings never collide with it). Candidate
+and current model are scored on the same held-out records in a child process; the candidate is registered with its
+lineage either way and CURRENT moves only when it beats the current model by `margin` (the first candidate is
+always promoted).
 Importing this module does not import torch.
 """
 

@@ -10,8 +10,8 @@ Every record becomes the dict ``{"input": text, "output": {...}}``, stored as it
 ``json.dumps(separators=(",", ":"), ensure_ascii=False, allow_nan=False)`` of ``input`` then ``output``) with the
 sha256 of that JSON's UTF-8 bytes as its content hash. Key order inside ``output`` is KEPT as given, never sorted:
 gliner2's preprocessing reads it (entity types, structure fields and relation fields become the schema in dict
-order), so two records that differ only in key order train differently and must hash differently. Validation mirrors the structural checks of gliner2's
-``InputExample.validate`` (mentions and values must occur in the text, case-insensitively, or be exact
+order), so two records that differ only in key order train differently and must hash differently.
+Validation mirrors the structural checks of gliner2's ``InputExample.validate`` (mentions and values must occur in the text, case-insensitively, or be exact
 ``{"text", "start", "end"}`` spans), adds type checks, and refuses unknown keys instead of ignoring them.
 All problems are collected and reported in one ``RecordError``; no record is ever dropped.
 """

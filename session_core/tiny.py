@@ -194,27 +194,7 @@ def tiny_encoder_config(
     heads = num_heads or _default_heads(hidden_size)
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {heads}")
-    if encoder == "deberta-v2":
-        # position_buckets is read by the model (getattr) but not declared by the config class
-        extra: dict[str, Any] = {"position_buckets": 32}
-        return DebertaV2Config(
-            vocab_size=len(tiny_vocab()),
-            hidden_size=hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=heads,
-            intermediate_size=intermediate_size or 4 * hidden_size,
-            hidden_act="gelu",
-            hidden_dropout_prob=dropout,
-            attention_probs_dropout_prob=dropout,
-            max_position_embeddings=max_position_embeddings,
-            relative_attention=True,
-            pos_att_type=["p2c", "c2p"],
-            type_vocab_size=0,
-            initializer_range=0.02,
-            pad_token_id=0,
-            **extra,
-        )
-    return BertConfig(
+    common: dict[str, Any] = dict(
         vocab_size=len(tiny_vocab()),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -224,10 +204,15 @@ def tiny_encoder_config(
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
         max_position_embeddings=max_position_embeddings,
-        type_vocab_size=2,
         initializer_range=0.02,
         pad_token_id=0,
     )
+    if encoder == "deberta-v2":
+        # position_buckets is read by the model (getattr) but not declared by the config class: hence the dict
+        deberta: dict[str, Any] = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "type_vocab_size": 0,
+                                   "position_buckets": 32}
+        return DebertaV2Config(**common, **deberta)
+    return BertConfig(**common, type_vocab_size=2)
 
 
 def build_tiny_encoder_dir(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from chaos import kill9, pid_gone  # noqa: E402,F401  (the chaos suite's process helpers, re-exported for the tests)
+
 THREADS = 1
 _REFERENCES: dict[tuple[Any, ...], str] = {}
 
@@ -20,6 +22,12 @@ _REFERENCES: dict[tuple[Any, ...], str] = {}
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> str:
     path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
     return str(path)
+
+
+def make_space(root: Path) -> dict[str, Any]:
+    """What the flow test modules share per module: inputs and one tiny model directory per architecture."""
+    return {"root": root, "inputs": make_inputs(root / "data"), "span": tiny_model_dir(root, "span"),
+            "boundary": tiny_model_dir(root, "boundary")}
 
 
 def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
@@ -129,28 +137,3 @@ def wait_for_marker(markers: Path, name: str, process: subprocess.Popen[str] | N
     raise AssertionError(f"marker {name} did not appear within {timeout} s")
 
 
-def kill9(process: subprocess.Popen[str]) -> str:
-    process.send_signal(signal.SIGKILL)
-    output, _ = process.communicate(timeout=30)
-    return output or ""
-
-
-def pid_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        if _is_zombie(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True

@@ -48,4 +48,3 @@ def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server
     assert "StorageFullError" in faults[4].error and "free space" in faults[4].error, text  # permanent, not retried
     assert "kept ['step-000002-batch-000003']" in faults[4].note, text  # committed before the fault: kept, used
     assert "continued from batch 4" in faults[4].note, text
-    print(text)

@@ -14,10 +14,9 @@ import pytest
 from _flow_helpers import (
     assert_same_export,
     config,
-    make_inputs,
+    make_space,
     reference_export,
     run_flow,
-    tiny_model_dir,
 )
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
@@ -34,9 +33,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("flow")
-    return {"root": root, "inputs": make_inputs(root / "data"), "span": tiny_model_dir(root, "span"),
-            "boundary": tiny_model_dir(root, "boundary")}
+    return make_space(tmp_path_factory.mktemp("flow"))
 
 
 def _task_runs(flow_run_id: str, timeout: float = 30.0) -> list[Any]:

@@ -22,11 +22,10 @@ from _flow_helpers import (
     config,
     flow_child,
     kill9,
-    make_inputs,
+    make_space,
     pid_gone,
     reference_export,
     run_flow,
-    tiny_model_dir,
     wait_for_marker,
 )
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
@@ -36,9 +35,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("crash")
-    return {"root": root, "inputs": make_inputs(root / "data"), "span": tiny_model_dir(root, "span"),
-            "boundary": tiny_model_dir(root, "boundary")}
+    return make_space(tmp_path_factory.mktemp("crash"))
 
 
 def _crash_at(params: dict[str, Any], point: str, markers: Path, api_url: str) -> tuple[int, str]:
