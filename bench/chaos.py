@@ -73,7 +73,7 @@ def flow_config(lora: bool) -> dict[str, Any]:
 
 
 def make_inputs(directory: Path) -> dict[str, str]:
-    from session_core.tiny import tiny_records
+    from prefect_gliner2.session_core.tiny import tiny_records
 
     directory.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -129,7 +129,7 @@ def child_main(params_json: str) -> None:
     import prefect.settings as settings
     from prefect.settings import temporary_settings
 
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     with temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         summary = train_flow(**json.loads(params_json))
@@ -150,7 +150,7 @@ def spawn(params: dict[str, Any], env: dict[str, str], api_url: str, *, fsize_li
 
 
 def run_in_process(params: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     with _environ(env or {}):
         return dict(train_flow(**params))
@@ -323,7 +323,7 @@ def compare_exports(a: str, b: str) -> tuple[int, int, int]:
 
 
 def final_histories(run: Path) -> dict[str, Any]:
-    from session_core.checkpoint import read_checkpoint
+    from prefect_gliner2.session_core.checkpoint import read_checkpoint
 
     cursor = read_cursor(run)
     assert cursor is not None, f"{run} has no durable cursor"
@@ -388,7 +388,7 @@ def _staged_run(finished: Path, target: Path, checkpoint: str) -> None:
     names = sorted(p.name for p in (target / "checkpoints").iterdir())
     for name in names[names.index(checkpoint) + 1:]:
         shutil.rmtree(target / "checkpoints" / name)
-    from session_core.checkpoint import read_checkpoint
+    from prefect_gliner2.session_core.checkpoint import read_checkpoint
 
     meta = read_checkpoint(str(target / "checkpoints" / checkpoint)).meta
     cursor = json.loads((finished / "cursor.json").read_text())

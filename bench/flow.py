@@ -43,8 +43,8 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 import torch
 torch.set_num_threads({threads})
-from session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
-from tasks.models import load_model
+from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
+from prefect_gliner2.runtime.model_sources import load_model
 loaded = ManagedTrainingPlan.from_manifest({manifest!r})
 session = TrainingSession(load_model({model!r}), loaded.plan.config, max_steps=loaded.plan.max_steps, device={device!r})
 run = ManagedTraining(session, loaded.plan, eval_examples=loaded.eval_examples or None)
@@ -56,7 +56,7 @@ print(json.dumps({{"train_and_export": time.perf_counter() - started}}))
 
 
 def write_inputs(directory: Path, n_train: int) -> dict[str, str]:
-    from session_core.tiny import tiny_records
+    from prefect_gliner2.session_core.tiny import tiny_records
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = {"train": str(directory / "train.jsonl"), "valid": str(directory / "valid.jsonl")}
@@ -67,9 +67,9 @@ def write_inputs(directory: Path, n_train: int) -> dict[str, str]:
 
 def run_direct(case: dict[str, Any], inputs: dict[str, str], work: Path, threads: int, key: str) -> float:
     """(a): a fresh interpreter training the plan with ManagedTraining; wall time of the whole process."""
-    from session_core import ManagedTrainingPlan, TrainingConfig
-    from session_core.manifest import write_manifest
-    from tasks.models import model_architecture
+    from prefect_gliner2.runtime.model_sources import model_architecture
+    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+    from prefect_gliner2.session_core.manifest import write_manifest
 
     plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(CONFIG), architecture=model_architecture(case["model"]))
     manifest = str(work / f"direct-manifest-{key}.json")
@@ -89,7 +89,7 @@ def run_flow(case: dict[str, Any], inputs: dict[str, str], work: Path, key: str,
     still ingesting the previous variant's task-run events would slow this one down."""
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     with prefect_test_harness(server_startup_timeout=120):
         started = time.perf_counter()

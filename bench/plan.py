@@ -60,9 +60,9 @@ def write_jsonl(n: int, path: str) -> None:
 def measure(n: int, epochs: int, jsonl: str | None) -> dict:
     """Run in a fresh process: build the input, then time planning and manifests."""
     sys.path.insert(0, ROOT)
-    from session_core.config import TrainingConfig
-    from session_core.manifest import dumps_manifest
-    from session_core.plan import ManagedTrainingPlan
+    from prefect_gliner2.session_core.config import TrainingConfig
+    from prefect_gliner2.session_core.manifest import dumps_manifest
+    from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
     examples: object = jsonl if jsonl else synthetic_records(n)
     config = TrainingConfig(fp16=False, bf16=False, batch_size=8, gradient_accumulation_steps=2, num_epochs=epochs)

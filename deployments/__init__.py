@@ -1,0 +1,1 @@
+"""Deployments: ``prefect.yaml`` (work-pool deployments) and ``serve.py`` (serve the same deployments in-process)."""

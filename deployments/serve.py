@@ -1,7 +1,7 @@
 """Serve the training and retraining flows from this process, without a work pool (`prefect.yaml`'s settings).
 
-    python deployments/serve.py                      # from the repository root; Ctrl-C stops serving
-    python deployments/serve.py --parameters overrides.json   # {"retrain-nightly": {"train_data": ...}, ...}
+    python -m prefect_gliner2.deployments.serve                      # Ctrl-C stops serving
+    python -m prefect_gliner2.deployments.serve --parameters overrides.json   # {"retrain-nightly": {"train_data": ...}, ...}
 
 The deployments get the names, tags, parameters, schedules and concurrency limits that ``deployments/prefect.yaml``
 declares, so both ways of running behave the same. Flow runs execute in subprocesses of this process.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,11 +60,11 @@ def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None,
 
 
 def _load_flow(entrypoint: str) -> Any:
+    """A ``package.module:flow`` entrypoint (as in prefect.yaml), imported as a module."""
     import importlib
 
-    file, name = entrypoint.rsplit(":", 1)
-    module = importlib.import_module(file.removesuffix(".py").replace("/", "."))
-    return getattr(module, name)
+    module, name = entrypoint.rsplit(":", 1)
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -83,5 +82,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from session_core.errors import SessionCoreError
+from prefect_gliner2.session_core.errors import SessionCoreError
 
 __all__ = ["main"]
 
@@ -100,8 +100,8 @@ def _inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
     """Check the model, data files and config before anything starts; returns (config, train, valid)."""
     import fsspec
 
-    from session_core import TrainingConfig
-    from tasks.models import check_model_source
+    from prefect_gliner2.runtime.model_sources import check_model_source
+    from prefect_gliner2.session_core import TrainingConfig
 
     check_model_source(args.model)
     for role, paths in (("training", args.train), ("validation", args.valid or [])):
@@ -131,14 +131,14 @@ def _check_storage(storage: str) -> None:
 
 
 def _train(args: Any) -> int:
-    from flows.train import prepare_run
+    from prefect_gliner2.flows.train import prepare_run
 
     config, train, valid = _inputs(args)
     prepared = prepare_run(args.model, _one(train), _one(valid), config, args.run_key, args.storage)
     if prepared.manifest is not None and prepared.run_dir.exists("manifest.json"):
         prepared.run_dir.ensure_manifest(prepared.manifest)  # refuses a different plan before Prefect starts
-    from flows.train import TrainingConfigModel, train_flow
-    from tasks.progress import add_listener, remove_listener
+    from prefect_gliner2.flows.reporting import add_listener, remove_listener
+    from prefect_gliner2.flows.train import TrainingConfigModel, train_flow
 
     bar = ProgressBar(sys.stderr)
     add_listener(bar)
@@ -166,9 +166,9 @@ def _one(paths: list[str] | None) -> str | list[str] | None:
 
 
 def _plan(args: Any) -> int:
-    from session_core import ManagedTrainingPlan
-    from session_core.manifest import write_manifest
-    from tasks.models import model_architecture
+    from prefect_gliner2.runtime.model_sources import model_architecture
+    from prefect_gliner2.session_core import ManagedTrainingPlan
+    from prefect_gliner2.session_core.manifest import write_manifest
 
     config, train, valid = _inputs(args)
     plan = ManagedTrainingPlan(_one(train), config, architecture=model_architecture(args.model))
@@ -189,7 +189,7 @@ def _plan(args: Any) -> int:
 
 
 def _demo(args: Any) -> int:
-    from flows.demo import run_demo
+    from prefect_gliner2.flows.demo import run_demo
 
     summary = run_demo(args.dir)
     print(_describe(summary))

@@ -1,6 +1,6 @@
 """The bundled demo: train the built-in tiny span model on generated records through the training flow, offline.
 
-    prefect-gliner2 demo --dir ./demo      # or: python -c "from flows.demo import run_demo; run_demo('./demo')"
+    prefect-gliner2 demo --dir ./demo      # or: python -c "from prefect_gliner2.flows.demo import run_demo; run_demo('./demo')"
 
 It writes ``data/train.jsonl``, ``data/valid.jsonl`` and ``config.yaml`` under the directory, trains run key
 ``demo`` with run directories under ``runs/`` and exports the selected model to ``model/``. Running it again finds
@@ -23,7 +23,7 @@ DEMO_CONFIG: dict[str, Any] = {
 
 def write_demo_inputs(directory: str, *, train_records: int = 32, valid_records: int = 8) -> dict[str, str]:
     """Generate the demo dataset and config (deterministic); returns their paths."""
-    from session_core.tiny import tiny_records
+    from prefect_gliner2.session_core.tiny import tiny_records
 
     data = os.path.join(directory, "data")
     os.makedirs(data, exist_ok=True)
@@ -39,9 +39,9 @@ def write_demo_inputs(directory: str, *, train_records: int = 32, valid_records:
 
 def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
     """Run the demo flow; returns the flow's summary (``export`` is the trained model)."""
-    from flows.train import TrainingConfigModel, train_flow
-    from session_core import TrainingConfig
-    from tasks.errors import RunConflictError
+    from prefect_gliner2.flows.train import TrainingConfigModel, train_flow
+    from prefect_gliner2.runtime.errors import RunConflictError
+    from prefect_gliner2.session_core import TrainingConfig
 
     directory = os.path.abspath(directory)
     paths = write_demo_inputs(directory)

@@ -1,6 +1,6 @@
 """The scheduled retraining flow: retrain a registered model when its inputs changed, promote only a better one.
 
-    from flows.retrain import retrain_flow
+    from prefect_gliner2.flows.retrain import retrain_flow
 
     outcome = retrain_flow(model_name="ner", train_data="s3://bucket/ner/train.jsonl",
                            valid_data="s3://bucket/ner/valid.jsonl", registry_root="s3://bucket/registry",
@@ -32,10 +32,10 @@ from prefect.events import emit_event
 from prefect.states import Completed, State
 from pydantic import Field
 
-from flows.train import TrainingConfigModel, default_storage, train_flow
-from session_core.records import load_records
-from tasks.model_eval import evaluate_models
-from tasks.model_registry import ModelRegistry, ModelVersion
+from prefect_gliner2.flows.train import TrainingConfigModel, default_storage, train_flow
+from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
+from prefect_gliner2.session_core.records import load_records
+from prefect_gliner2.tasks.heldout import evaluate_models
 
 __all__ = ["data_fingerprint", "decide", "inputs_fingerprint", "retrain_flow", "retrain_run_key"]
 

@@ -1,6 +1,6 @@
 """The training flow: one managed GLiNER2 training run = one flow run = one session worker process.
 
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     summary = train_flow(
         model="tiny:span",                      # or a model directory, or a Hugging Face id
@@ -28,25 +28,25 @@ import fsspec
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from session_core import ManagedTrainingPlan, TrainingConfig
-from session_core.errors import ConfigError
-from session_core.manifest import load_manifest
-from tasks import registry
-from tasks.driver import DriveResult, drive
-from tasks.errors import (
+from prefect_gliner2.flows.driver import DriveResult, drive
+from prefect_gliner2.flows.reporting import RunReporter
+from prefect_gliner2.runtime import live_runs
+from prefect_gliner2.runtime.errors import (
     RunConflictError,
     StorageFullError,
     is_transient,
     permanent_storage_errno,
     storage_full_error,
 )
-from tasks.evaluation import export_model
-from tasks.lease import RunLease
-from tasks.models import model_architecture
-from tasks.progress import RunReporter
-from tasks.registry import LiveRun
-from tasks.rundir import RunDirectory, validate_run_key
-from tasks.worker import SessionWorker, WorkerSpec
+from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.live_runs import LiveRun
+from prefect_gliner2.runtime.model_sources import model_architecture
+from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
+from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.manifest import load_manifest
+from prefect_gliner2.tasks.export import export_model
 
 __all__ = ["TrainingConfigModel", "default_storage", "prepare_run", "train_flow"]
 
@@ -168,7 +168,7 @@ def prepare_run(model: str, train_data: Any, valid_data: Any, config: TrainingCo
 
 def _close_workers(flow: Any, flow_run: Any, state: Any) -> None:
     """Final failure/crash/cancellation: no retry will reuse this flow run's worker."""
-    registry.close_for_flow_run(str(flow_run.id))
+    live_runs.close_for_flow_run(str(flow_run.id))
 
 
 @flow(name="gliner2-train", persist_result=False, on_failure=[_close_workers], on_crashed=[_close_workers],
@@ -236,14 +236,14 @@ def train_flow(
         return summary
     except BaseException as exc:
         if not (is_transient(exc) and _retry_follows()):
-            registry.unregister(run_dir.run_key)
+            live_runs.unregister(run_dir.run_key)
         code = permanent_storage_errno(exc)
         if code is not None and not isinstance(exc, StorageFullError):
             raise storage_full_error(code, f"{type(exc).__name__}: {exc}") from exc
         raise
     finally:
         if succeeded:
-            registry.unregister(run_dir.run_key)
+            live_runs.unregister(run_dir.run_key)
         lease.release()
 
 
@@ -269,19 +269,19 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
                              "init_weights": init_weights})
     spec = WorkerSpec(model=prepared.model, manifest_uri=run_dir.manifest_uri, cpu_threads=threads, device=device,
                       init_weights=init_weights)
-    existing = registry.lookup(run_dir.run_key)
+    existing = live_runs.lookup(run_dir.run_key)
     if (existing is not None and existing.flow_run_id == flow_run_id and existing.worker.alive
             and existing.worker.spec == spec and existing.content_address == prepared.content_address):
         worker = existing.worker
         logger.info("reusing the live session worker (pid %s) of the previous attempt", worker.pid)
     else:
-        registry.unregister(run_dir.run_key)
+        live_runs.unregister(run_dir.run_key)
         worker = SessionWorker(spec, restore_locator=run_dir.newest_checkpoint_uri, name=f"gliner2-{run_dir.run_key}")
         if prewarm:
             worker.start()  # the child imports torch and restores while the flow sets up
     live = LiveRun(run_dir.run_key, run_dir, prepared.plan.fingerprint, prepared.content_address, worker, lease,
                    flow_run_id, prepared.plan)
-    registry.register(live)
+    live_runs.register(live)
     return live
 
 

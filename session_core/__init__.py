@@ -5,7 +5,7 @@ session, managed driver and weights helpers import torch and gliner2, and load o
 ``InputExample`` is gliner2's own record class (``gliner2.training.InputExample``), re-exported lazily: using it
 imports gliner2 and so torch; torch-free planning takes native dicts ``{"input": text, "output": {...}}`` or JSONL.
 
-Exceptions (all in session_core.errors): SessionCoreError and its subclasses ConfigError, RecordError,
+Exceptions (all in prefect_gliner2.session_core.errors): SessionCoreError and its subclasses ConfigError, RecordError,
 ManifestError, PlanMismatchError, PrecisionError, CheckpointError, StateMismatchError, WeightsError,
 AdapterMismatchError, SessionStateError, TrainingNumericsError.
 """
@@ -34,9 +34,9 @@ from .plan import ManagedTrainingPlan, PlanBatch
 
 _LAZY = {
     "InputExample": ("gliner2.training", "InputExample"),
-    "TrainingSession": ("session_core.session", "TrainingSession"),
-    "ManagedTraining": ("session_core.managed", "ManagedTraining"),
-    "load_exported_model": ("session_core.weights", "load_exported_model"),
+    "TrainingSession": ("prefect_gliner2.session_core.session", "TrainingSession"),
+    "ManagedTraining": ("prefect_gliner2.session_core.managed", "ManagedTraining"),
+    "load_exported_model": ("prefect_gliner2.session_core.weights", "load_exported_model"),
 }
 
 __all__ = [
@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
     try:
         module_name, attribute = _LAZY[name]
     except KeyError:
-        raise AttributeError(f"module 'session_core' has no attribute {name!r}") from None
+        raise AttributeError(f"module 'prefect_gliner2.session_core' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(module_name), attribute)
     globals()[name] = value
     return value

@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec
 
-from session_core.errors import ConfigError
+from prefect_gliner2.session_core.errors import ConfigError
 
 __all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "TrainingConfig"]
 

@@ -3,7 +3,7 @@
 A manifest is one JSON object (schema ``MANIFEST_SCHEMA_NAME``, version ``MANIFEST_SCHEMA_VERSION``)::
 
     schema                  {"name": ..., "version": 1}
-    plan_algorithm_version  the plan algorithm that produced the batches (see session_core.plan)
+    plan_algorithm_version  the plan algorithm that produced the batches (see prefect_gliner2.session_core.plan)
     architecture            "span" or "boundary"
     config                  the full TrainingConfig.to_dict() (fingerprint fields and the rest)
     fingerprint             the plan fingerprint (sha256 hex)
@@ -42,13 +42,19 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from session_core.atomic import write_file_atomic
-from session_core.config import TrainingConfig
-from session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
-from session_core.records import RecordSet, canonical_json, load_records, paused_gc, record_json
+from prefect_gliner2.session_core.atomic import write_file_atomic
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
+from prefect_gliner2.session_core.records import (
+    RecordSet,
+    canonical_json,
+    load_records,
+    paused_gc,
+    record_json,
+)
 
 if TYPE_CHECKING:
-    from session_core.plan import ManagedTrainingPlan
+    from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
 __all__ = [
     "MANIFEST_SCHEMA_NAME", "MANIFEST_SCHEMA_VERSION", "LoadedManifest", "build_manifest", "content_address",
@@ -118,7 +124,7 @@ def _manifest_parts(plan: ManagedTrainingPlan, eval_examples: Any) -> dict[str, 
 
 
 def _plan_algorithm_version() -> int:
-    from session_core.plan import PLAN_ALGORITHM_VERSION
+    from prefect_gliner2.session_core.plan import PLAN_ALGORITHM_VERSION
 
     return PLAN_ALGORITHM_VERSION
 
@@ -243,7 +249,7 @@ def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -
     Raises ``ManifestError`` for an unknown schema, a content address that does not match (the manifest was
     edited) or invalid content, and ``PlanMismatchError`` when the rebuilt plan differs from the recorded one.
     """
-    from session_core.plan import ManagedTrainingPlan
+    from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
     if isinstance(manifest_or_uri, Mapping):
         manifest = manifest_or_uri

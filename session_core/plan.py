@@ -46,12 +46,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from session_core.config import TrainingConfig
-from session_core.errors import ConfigError, ManifestError
-from session_core.records import RecordSet, canonical_json, load_records
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError, ManifestError
+from prefect_gliner2.session_core.records import RecordSet, canonical_json, load_records
 
 if TYPE_CHECKING:
-    from session_core.manifest import LoadedManifest
+    from prefect_gliner2.session_core.manifest import LoadedManifest
 
 __all__ = ["ARCHITECTURES", "PLAN_ALGORITHM_VERSION", "ManagedTrainingPlan", "PlanBatch", "SelectionPolicy", "random_keys"]
 
@@ -369,20 +369,20 @@ class ManagedTrainingPlan:
     # ------------------------------------------------------------------------------ manifests
 
     def to_manifest(self, eval_examples: Any = None) -> dict[str, Any]:
-        """The content-addressed JSON manifest (see ``session_core.manifest``); it contains the training data."""
-        from session_core.manifest import build_manifest
+        """The content-addressed JSON manifest (see ``prefect_gliner2.session_core.manifest``); it contains the training data."""
+        from prefect_gliner2.session_core.manifest import build_manifest
 
         return build_manifest(self, eval_examples)
 
     def manifest_bytes(self, eval_examples: Any = None) -> bytes:
         """``to_manifest(...)`` serialized exactly as ``write_manifest`` stores it, without building record dicts."""
-        from session_core.manifest import manifest_bytes
+        from prefect_gliner2.session_core.manifest import manifest_bytes
 
         return manifest_bytes(self, eval_examples)
 
     @classmethod
     def from_manifest(cls, manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -> LoadedManifest:
         """Verify a manifest (dict or URI) and rebuild its plan; returns ``LoadedManifest`` (unpacks to plan, eval_records)."""
-        from session_core.manifest import load_manifest
+        from prefect_gliner2.session_core.manifest import load_manifest
 
         return load_manifest(manifest_or_uri)

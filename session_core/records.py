@@ -31,8 +31,8 @@ from typing import Any, overload
 
 import fsspec
 
-from session_core.errors import RecordError
-from session_core.record_checks import TEXT_FORMAT_KEYS, check_record, key_problems, suggest
+from prefect_gliner2.session_core.errors import RecordError
+from prefect_gliner2.session_core.record_checks import TEXT_FORMAT_KEYS, check_record, key_problems, suggest
 
 __all__ = ["Record", "RecordSet", "canonical_json", "load_records", "paused_gc", "record_json"]
 

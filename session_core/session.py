@@ -72,7 +72,7 @@ class TrainingSession:
             model, native, device=self._device, gradient_checkpointing=bool(self.config.gradient_checkpointing)
         )
         if not isinstance(self._engine, engine_mod.SessionEngine):
-            raise ConfigError("trainer_factory must return a session_core.engine.SessionEngine (or subclass)")
+            raise ConfigError("trainer_factory must return a prefect_gliner2.session_core.engine.SessionEngine (or subclass)")
         self._engine.prepare(self.max_steps)
         self._identity = describe_model(self._engine.model, self._engine.processor)
         self.provenance: dict[str, Any] = {"base_model_hash": self._base_hash(), "loaded_weights": None}

@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 # The vocabulary and records live in tiny_data (torch-free); re-exported here beside the builders.
-from session_core.tiny_data import (
+from prefect_gliner2.session_core.tiny_data import (
     GLINER2_SPECIAL_TOKENS,
     TINY_ENTITY_TYPES,
     TINY_SPECIAL_TOKENS,
@@ -39,7 +39,7 @@ from session_core.tiny_data import (
     tiny_records,
     tiny_vocab,
 )
-from session_core.tiny_data import check_seed as _check_seed
+from prefect_gliner2.session_core.tiny_data import check_seed as _check_seed
 
 __all__ = [
     "BENCH_MODEL_SIZE",

@@ -15,9 +15,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from . import hooks, registry
-from .rundir import DurableCursor, checkpoint_name
-from .training import RETRYING, call_worker
+from prefect_gliner2.runtime import faults, live_runs
+from prefect_gliner2.runtime.rundir import DurableCursor, checkpoint_name
+from prefect_gliner2.tasks.training import RETRYING, call_worker
 
 __all__ = ["CHECKPOINT_EVENT", "checkpoint", "run_resource"]
 
@@ -36,7 +36,7 @@ def run_resource(run_key: str) -> dict[str, str]:
 )
 def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
     """Checkpoint the session after batch `index` (optimizer step `step`) and commit the durable cursor."""
-    run = registry.get(run_key)
+    run = live_runs.get(run_key)
     logger = get_run_logger()
     run.lease.check()
     name = checkpoint_name(step, index)
@@ -44,7 +44,7 @@ def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
     if not info["committed"]:
         logger.warning("no checkpoint at batch %d: %s", index, info.get("reason"))
         return info
-    hooks.hit("cursor", index)
+    faults.hit("cursor", index)
     run.lease.check()
     cursor = DurableCursor(checkpoint=name, cursor=info["cursor"], step=info["step"], epoch=info["epoch"],
                            finished=info["finished"], fingerprint=run.fingerprint)

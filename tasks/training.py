@@ -22,8 +22,8 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from . import registry
-from .errors import retry_if_transient
+from prefect_gliner2.runtime import live_runs
+from prefect_gliner2.runtime.errors import retry_if_transient
 
 __all__ = ["TASK_RETRIES", "call_worker", "position_cache_key", "train_batches"]
 
@@ -34,7 +34,7 @@ CACHE_EXPIRATION = timedelta(days=7)
 
 def position_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     """Cache key of a batch/validation task (see the module docstring); None (no caching) without a live worker."""
-    run = registry.lookup(parameters["run_key"])
+    run = live_runs.lookup(parameters["run_key"])
     if run is None:
         return None
     incarnation = run.worker.incarnation
@@ -48,7 +48,7 @@ def position_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
 
 def call_worker(run_key: str, op: str, **args: Any) -> Any:
     """Run one worker operation for a task, starting (and logging) a fresh worker if the last one died."""
-    run = registry.get(run_key)
+    run = live_runs.get(run_key)
     logger = get_run_logger()
     if run.worker.start():
         logger.warning(

@@ -12,7 +12,7 @@ if __name__ == "__main__":
     import prefect.settings as settings
     from prefect.settings import temporary_settings
 
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     with temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         summary = train_flow(**json.loads(sys.argv[1]))

@@ -32,7 +32,7 @@ def make_space(root: Path) -> dict[str, Any]:
 
 def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
     """Training/validation JSONL files of tiny records (deterministic)."""
-    from session_core.tiny import tiny_records
+    from prefect_gliner2.session_core.tiny import tiny_records
 
     directory.mkdir(parents=True, exist_ok=True)
     return {
@@ -54,7 +54,7 @@ def config(**overrides: Any) -> dict[str, Any]:
 
 def tiny_model_dir(root: Path, architecture: str) -> str:
     """A tiny model directory (hidden 32, dropout 0.1 so RNG streams matter), built once per root."""
-    from session_core.tiny import save_tiny_model
+    from prefect_gliner2.session_core.tiny import save_tiny_model
 
     path = root / f"tiny-{architecture}"
     if not (path / "model.safetensors").exists():
@@ -70,9 +70,14 @@ def reference_export(model: str, inputs: dict[str, str], cfg: dict[str, Any], ou
         return _REFERENCES[key]
     import torch
 
-    from session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
-    from session_core.records import load_records
-    from tasks.models import load_model, model_architecture
+    from prefect_gliner2.runtime.model_sources import load_model, model_architecture
+    from prefect_gliner2.session_core import (
+        ManagedTraining,
+        ManagedTrainingPlan,
+        TrainingConfig,
+        TrainingSession,
+    )
+    from prefect_gliner2.session_core.records import load_records
 
     torch.set_num_threads(THREADS)
     plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture=model_architecture(model))
@@ -110,7 +115,7 @@ def assert_same_export(a: str, b: str) -> None:
 
 
 def run_flow(**params: Any) -> dict[str, Any]:
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     params.setdefault("cpu_threads", THREADS)
     return train_flow(**params)

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from session_core import ManagedTrainingPlan, TrainingConfig
-from session_core.tiny import build_tiny_model, tiny_records
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.tiny import build_tiny_model, tiny_records
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [("span", False), ("span", True), ("boundary", False), ("boundary", True)]

@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 from _session_helpers import eval_records, make_config, make_model, make_plan, run_direct
 
-from session_core import (
+from prefect_gliner2.session_core import (
     AdapterMismatchError,
     CheckpointError,
     ConfigError,
@@ -31,7 +31,7 @@ from session_core import (
     TrainingSession,
     WeightsError,
 )
-from session_core.manifest import read_manifest, write_manifest
+from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,12 @@ import pytest
 from _flow_helpers import config, make_inputs
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
-from flows.cli import main
-from session_core import ManagedTrainingPlan, TrainingConfig
-from session_core.errors import ConfigError
-from session_core.tiny import tiny_records
-from tasks.errors import RunConflictError, RunKeyError
-from tasks.rundir import RunDirectory
+from prefect_gliner2.flows.cli import main
+from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.tiny import tiny_records
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -77,7 +77,7 @@ def cli_args(root: Path, *extra: str, **overrides: str) -> list[str]:
 
 def _flow(**overrides: Any) -> Callable[[Path], Any]:
     def call(root: Path) -> Any:
-        from flows.train import train_flow
+        from prefect_gliner2.flows.train import train_flow
 
         return train_flow(**flow_params(root, **overrides))
     return call

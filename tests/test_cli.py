@@ -21,10 +21,10 @@ from _flow_helpers import (
 )
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture, used by the demo test only)
 
-from flows.cli import main
-from session_core import ManagedTrainingPlan, TrainingConfig
-from session_core.tiny import tiny_records
-from tasks.rundir import RunDirectory
+from prefect_gliner2.flows.cli import main
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.tiny import tiny_records
 
 HEAVY = ("torch", "numpy", "transformers", "gliner2", "peft", "safetensors")
 
@@ -127,7 +127,7 @@ def test_demo_trains_the_tiny_model_offline(prefect_server: str, tmp_path: Path,
     assert json.loads((tmp_path / "demo" / "model" / "export.json").read_text())["label"] == "best"
     assert (tmp_path / "demo" / "runs" / "demo" / "cursor.json").exists()
     # a demo directory left by a different plan (e.g. another version): a clear way out, nothing touched
-    from flows.demo import DEMO_CONFIG
+    from prefect_gliner2.flows.demo import DEMO_CONFIG
 
     monkeypatch.setitem(DEMO_CONFIG, "seed", 8)
     before = sorted(p.name for p in (tmp_path / "demo" / "runs" / "demo" / "checkpoints").iterdir())
@@ -138,7 +138,7 @@ def test_demo_trains_the_tiny_model_offline(prefect_server: str, tmp_path: Path,
 
 def test_flow_and_cli_modules_do_not_import_torch() -> None:
     script = (
-        "import sys; import flows.train, flows.cli, flows.demo, tasks.driver, tasks.worker, tasks.worker_child; "
+        "import sys; import prefect_gliner2.flows.train, prefect_gliner2.flows.cli, prefect_gliner2.flows.demo, prefect_gliner2.flows.driver, prefect_gliner2.runtime.worker, prefect_gliner2.runtime.worker_child; "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT),

@@ -11,8 +11,8 @@ import os
 import fsspec
 import pytest
 
-from session_core.config import NON_FINGERPRINT_FIELDS, TrainingConfig
-from session_core.errors import ConfigError
+from prefect_gliner2.session_core.config import NON_FINGERPRINT_FIELDS, TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError
 
 BASE = {"fp16": False, "bf16": False}
 

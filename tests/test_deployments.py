@@ -16,8 +16,8 @@ import pytest
 from _flow_helpers import ROOT, THREADS, config, write_jsonl
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
-from flows.train import TrainingConfigModel
-from session_core.tiny import tiny_records
+from prefect_gliner2.flows.train import TrainingConfigModel
+from prefect_gliner2.session_core.tiny import tiny_records
 
 TRAIN, RETRAIN = "gliner2-train/train", "gliner2-retrain/retrain-nightly"
 
@@ -82,7 +82,7 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
     with _client() as client:
         train = client.read_deployment_by_name(TRAIN)
         nightly = client.read_deployment_by_name(RETRAIN)
-    assert (train.entrypoint, nightly.entrypoint) == ("flows/train.py:train_flow", "flows/retrain.py:retrain_flow")
+    assert (train.entrypoint, nightly.entrypoint) == ("prefect_gliner2.flows.train:train_flow", "prefect_gliner2.flows.retrain:retrain_flow")
     assert train.work_pool_name == nightly.work_pool_name == "gliner2-process"
     assert _limit(train) == 1 and train.schedules == []
     assert train.concurrency_options is not None and train.concurrency_options.collision_strategy == "ENQUEUE"
@@ -124,7 +124,7 @@ def served(prefect_server: str, tmp_path: Path) -> Any:  # noqa: F811
     _delete_deployments(TRAIN, RETRAIN)  # served deployments must not inherit a work-pool deployment's pull steps
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        [sys.executable, "deployments/serve.py", "--parameters", str(tmp_path / "overrides.json")], cwd=str(ROOT),
+        [sys.executable, "-m", "prefect_gliner2.deployments.serve", "--parameters", str(tmp_path / "overrides.json")], cwd=str(ROOT),
         env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs")), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     try:

@@ -20,13 +20,13 @@ from _flow_helpers import (
 )
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
-from session_core import ManagedTrainingPlan, TrainingConfig
-from session_core.tiny import tiny_records
-from tasks import checkpoints as checkpoint_tasks
-from tasks.errors import RunConflictError, RunKeyError, RunLockedError
-from tasks.lease import RunLease
-from tasks.rundir import RunDirectory
-from tasks.worker import SessionWorker
+from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError, RunLockedError
+from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.runtime.worker import SessionWorker
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -142,7 +142,7 @@ def test_worker_death_and_transient_errors_are_retried_exactly(space: dict[str, 
 
 def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:8:{tmp_path / 'raised'}")
     summary = train_flow.with_options(retries=1)(
@@ -177,8 +177,8 @@ def test_a_cache_hit_after_restore_cannot_skip_work(space: dict[str, Any], tmp_p
 
 
 def test_cache_key_changes_with_every_worker_incarnation(space: dict[str, Any]) -> None:
-    from tasks import registry
-    from tasks.training import position_cache_key
+    from prefect_gliner2.runtime import live_runs
+    from prefect_gliner2.tasks.training import position_cache_key
 
     class Worker:
         incarnation = "step-000003-batch-000005@aaaa"
@@ -187,8 +187,8 @@ def test_cache_key_changes_with_every_worker_incarnation(space: dict[str, Any]) 
         class task:  # noqa: N801 - mimics TaskRunContext.task
             name = "train-batches"
 
-    live = registry.LiveRun("k", None, "fp", "ca", Worker(), None)  # type: ignore[arg-type]
-    registry.register(live)
+    live = live_runs.LiveRun("k", None, "fp", "ca", Worker(), None)  # type: ignore[arg-type]
+    live_runs.register(live)
     try:
         params = {"run_key": "k", "first": 6, "through": 6}
         first = position_cache_key(Context, params)
@@ -198,7 +198,7 @@ def test_cache_key_changes_with_every_worker_incarnation(space: dict[str, Any]) 
         Worker.incarnation = None  # type: ignore[assignment]  (no live worker: no caching at all)
         assert position_cache_key(Context, params) is None
     finally:
-        registry.unregister("k", close=False)
+        live_runs.unregister("k", close=False)
 
 
 def test_early_stopping_is_checkpointed_and_exports_the_best(space: dict[str, Any]) -> None:
@@ -238,7 +238,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
     tests/test_chaos.py, tests/test_rundir_recovery.py)."""
     import shutil
 
-    from session_core.errors import CheckpointError
+    from prefect_gliner2.session_core.errors import CheckpointError
 
     storage = space["root"] / "runs"
     source = storage / "span-full"  # the finished run of the first test in this file, when it ran in this session
@@ -267,7 +267,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
 
 
 def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path) -> None:
-    from tasks.rundir import DurableCursor
+    from prefect_gliner2.runtime.rundir import DurableCursor
 
     run_dir = RunDirectory(str(tmp_path), "r")
     run_dir.create()
@@ -297,7 +297,7 @@ def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
     run_dir = RunDirectory(str(tmp_path), "leased")
     run_dir.create()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from tasks.lease import RunLease; from tasks.rundir import RunDirectory; "
+        [sys.executable, "-c", "import sys, time; from prefect_gliner2.runtime.lease import RunLease; from prefect_gliner2.runtime.rundir import RunDirectory; "
          f"RunLease(RunDirectory({str(tmp_path)!r}, 'leased'), flow_run_id='holder').acquire(); print('held', flush=True); "
          "time.sleep(600)"], cwd=str(ROOT), stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -336,7 +336,7 @@ def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
 
 
 def test_schedule_units_never_straddle_validation_or_checkpoints(space: dict[str, Any]) -> None:
-    from tasks.schedule import Unit, units
+    from prefect_gliner2.runtime.schedule import Unit, units
 
     plan = ManagedTrainingPlan(space["inputs"]["train"], TrainingConfig.from_dict(config()), architecture="span")
     found = list(units(plan, 4, batches_per_task=3, checkpoint_every=2, validate=True))

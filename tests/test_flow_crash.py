@@ -106,7 +106,7 @@ def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str
         # What the server's heartbeat monitoring does after missed heartbeats; the retry re-runs this flow run.
         client.set_flow_run_state(UUID(flow_run_id), Crashed(message="killed by the test"), force=True)
     done = subprocess.run(
-        [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id, "--entrypoint", "flows/train.py:train_flow"],
+        [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id, "--entrypoint", "prefect_gliner2.flows.train:train_flow"],
         cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_server),
         capture_output=True, text=True, timeout=300,
     )

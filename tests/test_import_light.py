@@ -12,11 +12,11 @@ HEAVY = ("torch", "numpy", "transformers", "gliner2", "prefect")
 _SCRIPT = """
 import sys, tempfile, os
 sys.path.insert(0, {root!r})
-import session_core
-from session_core.config import TrainingConfig
-from session_core.manifest import read_manifest, write_manifest
-from session_core.plan import ManagedTrainingPlan
-from session_core.records import load_records
+import prefect_gliner2.session_core as session_core
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
+from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+from prefect_gliner2.session_core.records import load_records
 
 records = [{{"input": "John met Mary in Paris %d." % i, "output": {{"entities": {{"person": ["John", "Mary"]}}}}}} for i in range(9)]
 config = TrainingConfig(num_workers=0, fp16=False, bf16=True, batch_size=2, gradient_accumulation_steps=2, num_epochs=2)
@@ -31,6 +31,8 @@ with tempfile.TemporaryDirectory() as tmp:
     loaded, evals = ManagedTrainingPlan.from_manifest(read_manifest(path))
 assert loaded.fingerprint == plan.fingerprint and len(evals) == 2
 assert session_core.ManagedTrainingPlan is ManagedTrainingPlan and session_core.TrainingConfig is TrainingConfig
+import prefect_gliner2
+assert prefect_gliner2.ManagedTrainingPlan is ManagedTrainingPlan and prefect_gliner2.TrainingConfig is TrainingConfig
 heavy = sorted(m for m in {heavy!r} if m in sys.modules or any(k.startswith(m + ".") for k in sys.modules))
 print(",".join(heavy) or "none")
 """
@@ -45,7 +47,9 @@ def test_planning_imports_no_heavy_modules() -> None:
 
 
 def test_each_planning_module_alone_is_light() -> None:
-    for module in ("session_core.config", "session_core.records", "session_core.plan", "session_core.manifest"):
+    modules = ("prefect_gliner2", "prefect_gliner2.session_core.config", "prefect_gliner2.session_core.records",
+               "prefect_gliner2.session_core.plan", "prefect_gliner2.session_core.manifest")
+    for module in modules:
         script = (
             f"import sys; sys.path.insert(0, {ROOT!r}); import {module}; "
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"

@@ -21,7 +21,13 @@ from _session_helpers import (
     snapshot,
 )
 
-from session_core import ConfigError, ManagedTraining, PlanMismatchError, SessionStateError, TrainingSession
+from prefect_gliner2.session_core import (
+    ConfigError,
+    ManagedTraining,
+    PlanMismatchError,
+    SessionStateError,
+    TrainingSession,
+)
 
 EVAL = {"eval_strategy": "epoch"}
 SUMMARY_KEYS = ("total_steps", "total_epochs", "total_time_seconds", "samples_per_second", "best_metric",

@@ -12,9 +12,9 @@ from typing import Any
 import fsspec
 import pytest
 
-from session_core.config import TrainingConfig
-from session_core.errors import ManifestError, PlanMismatchError, RecordError
-from session_core.manifest import (
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.errors import ManifestError, PlanMismatchError, RecordError
+from prefect_gliner2.session_core.manifest import (
     MANIFEST_SCHEMA_NAME,
     MANIFEST_SCHEMA_VERSION,
     LoadedManifest,
@@ -24,8 +24,8 @@ from session_core.manifest import (
     read_manifest,
     write_manifest,
 )
-from session_core.plan import ManagedTrainingPlan
-from session_core.records import load_records
+from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+from prefect_gliner2.session_core.records import load_records
 
 
 def _records(n: int, offset: int = 0) -> list[dict[str, Any]]:

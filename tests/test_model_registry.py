@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.model_registry import ModelRegistry, RegistryError
+from prefect_gliner2.model_registry import ModelRegistry, RegistryError
 
 
 def model_dir(path: Path, marker: str) -> Path:

@@ -15,8 +15,8 @@ from _session_helpers import CASE_IDS, CASES, make_config, make_model, make_plan
 from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, ExtractorTrainer
 from gliner2.training.trainer import TrainingConfig as NativeConfig
 
-from session_core import TrainingSession
-from session_core.engine import private_python_rng
+from prefect_gliner2.session_core import TrainingSession
+from prefect_gliner2.session_core.engine import private_python_rng
 
 
 class PlanOrderTrainer(ExtractorTrainer):

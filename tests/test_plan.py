@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from session_core.config import TrainingConfig
-from session_core.errors import ConfigError, ManifestError, RecordError
-from session_core.plan import (
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError, ManifestError, RecordError
+from prefect_gliner2.session_core.plan import (
     PLAN_ALGORITHM_VERSION,
     ManagedTrainingPlan,
     PlanBatch,
     SelectionPolicy,
     random_keys,
 )
-from session_core.records import canonical_json, load_records
+from prefect_gliner2.session_core.records import canonical_json, load_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -241,8 +241,8 @@ def test_fingerprint_covers_records_config_and_architecture() -> None:
 _SUBPROCESS = """
 import json, sys
 sys.path.insert(0, {root!r})
-from session_core.config import TrainingConfig
-from session_core.plan import ManagedTrainingPlan
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 records = [{{"input": "Person %d met John" % i + " x" * (i % 5), "output": {{"entities": {{"p": ["John"], "q": []}}}}}} for i in range(40)]
 plan = ManagedTrainingPlan(records, TrainingConfig(fp16=False, bf16=False, batch_size=3, num_epochs=2,
                            length_group_window_batches=2), architecture="boundary")

@@ -11,8 +11,8 @@ from typing import Any
 import fsspec
 import pytest
 
-from session_core.errors import RecordError
-from session_core.records import Record, RecordSet, load_records, record_json
+from prefect_gliner2.session_core.errors import RecordError
+from prefect_gliner2.session_core.records import Record, RecordSet, load_records, record_json
 
 TEXT = "John Smith works at Google in Paris."
 
@@ -110,11 +110,11 @@ def test_key_order_inside_a_record_is_kept_and_hashed() -> None:
 def test_real_gliner2_input_example_with_every_task_kind() -> None:
     from gliner2.training.data import ChoiceField, Classification, Relation, Structure
 
-    import session_core
-    from session_core import InputExample  # gliner2's own class, re-exported lazily
+    import prefect_gliner2.session_core
+    from prefect_gliner2.session_core import InputExample  # gliner2's own class, re-exported lazily
 
     assert InputExample is __import__("gliner2.training", fromlist=["InputExample"]).InputExample
-    assert "InputExample" in session_core.__all__
+    assert "InputExample" in prefect_gliner2.session_core.__all__
 
     example = InputExample(
         text=TEXT, entities={"person": ["John Smith"], "city": ["Paris"]}, entity_descriptions={"company": "a firm"},

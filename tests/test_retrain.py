@@ -12,12 +12,12 @@ import pytest
 from _flow_helpers import THREADS, config, write_jsonl
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
-from flows import retrain
-from flows.retrain import data_fingerprint, decide, inputs_fingerprint, retrain_flow
-from flows.train import TrainingConfigModel
-from session_core.tiny import tiny_records
-from tasks.errors import RunConflictError
-from tasks.model_registry import ModelRegistry
+from prefect_gliner2.flows import retrain
+from prefect_gliner2.flows.retrain import data_fingerprint, decide, inputs_fingerprint, retrain_flow
+from prefect_gliner2.flows.train import TrainingConfigModel
+from prefect_gliner2.model_registry import ModelRegistry
+from prefect_gliner2.runtime.errors import RunConflictError
+from prefect_gliner2.session_core.tiny import tiny_records
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -47,7 +47,7 @@ def _assert_pointer_valid(root: Path) -> None:
 
 
 def test_decide() -> None:
-    from session_core.managed import EVAL_KEYS
+    from prefect_gliner2.session_core.managed import EVAL_KEYS
 
     assert retrain.EVAL_KEYS == EVAL_KEYS
     assert decide(1.0, None, greater_is_better=False, margin=5.0)[0]
@@ -94,7 +94,7 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert len(events) == 1
 
     # the candidate run records where it started: resuming it with other init_weights is refused
-    from flows.train import train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     with pytest.raises(RunConflictError, match="init_weights"):
         train_flow(model="tiny:span", run_key=v2.lineage["run_key"], storage=str(tmp_path / "runs"),

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from session_core.checkpoint import write_checkpoint
-from session_core.errors import CheckpointError
-from tasks.rundir import DurableCursor, RunDirectory
+from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory
+from prefect_gliner2.session_core.checkpoint import write_checkpoint
+from prefect_gliner2.session_core.errors import CheckpointError
 
 
 def _checkpoint(run_dir: RunDirectory, name: str, cursor: int, step: int, fingerprint: str = "fp") -> None:

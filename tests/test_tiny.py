@@ -1,4 +1,4 @@
-"""Tiny offline GLiNER2 builders (session_core.tiny): determinism, native loading, native training, inference."""
+"""Tiny offline GLiNER2 builders (prefect_gliner2.session_core.tiny): determinism, native loading, native training, inference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from session_core.tiny import (
+from prefect_gliner2.session_core.tiny import (
     BENCH_MODEL_SIZE,
     GLINER2_SPECIAL_TOKENS,
     TINY_ENTITY_TYPES,

@@ -24,7 +24,7 @@ from _session_helpers import (
     train_records,
 )
 
-from session_core import (
+from prefect_gliner2.session_core import (
     AdapterMismatchError,
     CheckpointError,
     ConfigError,
@@ -449,7 +449,7 @@ def test_checkpoints_and_exports_work_on_any_fsspec_storage():
 
 
 def test_checkpoint_meta_reads_the_index_only(tmp_path):
-    from session_core.checkpoint import checkpoint_meta
+    from prefect_gliner2.session_core.checkpoint import checkpoint_meta
 
     session, plan = new_session("span", False)
     run_direct(session, plan, stop=2)
@@ -517,7 +517,7 @@ def test_every_task_kind_trains_and_continues_exactly(arch, lora, tmp_path):
 @pytest.mark.parametrize(("arch", "lora"), CASES, ids=CASE_IDS)
 def test_a_deberta_v2_encoder_trains_and_continues_exactly(arch, lora, tmp_path):
     """The released GLiNER2 models use DeBERTa-v2 encoders (relative attention): same exactness as the BERT ones."""
-    from session_core.tiny import build_tiny_model
+    from prefect_gliner2.session_core.tiny import build_tiny_model
 
     def model():
         return build_tiny_model(arch, seed=3, dropout=0.1, num_layers=2, encoder="deberta-v2")

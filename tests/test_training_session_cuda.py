@@ -20,7 +20,7 @@ from _session_helpers import (
     snapshot,
 )
 
-from session_core import TrainingSession
+from prefect_gliner2.session_core import TrainingSession
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 

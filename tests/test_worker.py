@@ -20,11 +20,11 @@ from _flow_helpers import (
     wait_for_marker,
 )
 
-from session_core import ManagedTrainingPlan, TrainingConfig
-from session_core.errors import CheckpointError
-from tasks.errors import StorageFullError, WorkerDied, WorkerError, is_transient
-from tasks.rundir import RunDirectory
-from tasks.worker import SessionWorker, WorkerSpec
+from prefect_gliner2.runtime.errors import StorageFullError, WorkerDied, WorkerError, is_transient
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.errors import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_transient_classification_follows_the_cause_chain() -> None:
 _PARENT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from tasks.worker import SessionWorker, WorkerSpec
+    from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
     worker = SessionWorker(WorkerSpec({model!r}, {manifest!r}, 1))
     worker.call("status")  # fully up: restored and serving
     print(worker.pid, flush=True)
@@ -180,7 +180,7 @@ def test_worker_exits_when_its_parent_dies(run: dict[str, str], how: str) -> Non
 
 def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path: Path) -> None:
     """New adapters over a full model's weights: a restart must rebuild that base, or the base hash check refuses."""
-    from session_core.tiny import save_tiny_model
+    from prefect_gliner2.session_core.tiny import save_tiny_model
 
     inputs = make_inputs(tmp_path / "data")
     cfg = config(use_lora=True, lora_r=4, lora_alpha=8.0)

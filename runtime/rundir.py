@@ -25,10 +25,9 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from session_core.atomic import write_file_atomic
-from session_core.errors import ConfigError
-
-from .errors import RunConflictError, RunKeyError
+from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
+from prefect_gliner2.session_core.atomic import write_file_atomic
+from prefect_gliner2.session_core.errors import ConfigError
 
 __all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_name", "validate_run_key"]
 
@@ -229,8 +228,8 @@ class RunDirectory:
         intact earlier checkpoint of the same plan (the replay from there is deterministic: nothing is lost).
         Returns the quarantined name, None when the restore point is intact; raises CheckpointError when no
         intact earlier checkpoint exists. Call only while holding the lease."""
-        from session_core.checkpoint import read_checkpoint
-        from session_core.errors import CheckpointError
+        from prefect_gliner2.session_core.checkpoint import read_checkpoint
+        from prefect_gliner2.session_core.errors import CheckpointError
 
         cursor = self.read_cursor()
         if cursor is None:

@@ -43,13 +43,12 @@ def evaluate_models_here(models: Mapping[str, str], base_model: str, valid_data:
     """The evaluation itself (runs in the child; imports torch)."""
     import torch
 
-    from session_core import TrainingConfig, TrainingSession
-    from session_core.managed import EVAL_SOURCES
-    from session_core.pairs import to_pairs
-    from session_core.records import load_records
-
-    from .models import load_model
-    from .worker_child import init_weights_dir
+    from prefect_gliner2.runtime.model_sources import load_model
+    from prefect_gliner2.runtime.worker_child import init_weights_dir
+    from prefect_gliner2.session_core import TrainingConfig, TrainingSession
+    from prefect_gliner2.session_core.managed import EVAL_SOURCES
+    from prefect_gliner2.session_core.pairs import to_pairs
+    from prefect_gliner2.session_core.records import load_records
 
     torch.set_num_threads(int(cpu_threads))
     settings = TrainingConfig.from_dict(dict(config))

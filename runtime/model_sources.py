@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from session_core.errors import ConfigError
+from prefect_gliner2.session_core.errors import ConfigError
 
 __all__ = ["check_model_source", "load_model", "model_architecture", "parse_tiny", "tiny_model_dir"]
 
@@ -101,7 +101,7 @@ def load_model(source: str) -> Any:
 def tiny_model_dir(architecture: str, hidden: int, layers: int) -> str:
     """The built-in tiny model as a directory in $PREFECT_GLINER2_CACHE (default ~/.cache/prefect-gliner2), built
     once (deterministic bytes), so exported LoRA adapters name a base model directory that exists."""
-    from session_core.tiny import save_tiny_model
+    from prefect_gliner2.session_core.tiny import save_tiny_model
 
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "prefect-gliner2")
     path = os.path.join(cache, f"tiny-{architecture}-{hidden}x{layers}-seed0")

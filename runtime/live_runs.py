@@ -11,11 +11,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from session_core.errors import SessionStateError
-
-from .lease import RunLease
-from .rundir import RunDirectory
-from .worker import SessionWorker
+from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.runtime.worker import SessionWorker
+from prefect_gliner2.session_core.errors import SessionStateError
 
 __all__ = ["LiveRun", "close_all", "close_for_flow_run", "get", "lookup", "register", "unregister"]
 

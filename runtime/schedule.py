@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .rundir import RunDirectory, checkpoint_name
+from prefect_gliner2.runtime.rundir import RunDirectory, checkpoint_name
 
 __all__ = ["Unit", "is_checkpoint_point", "unit_op", "units"]
 

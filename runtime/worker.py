@@ -1,6 +1,6 @@
 """The process-pinned session worker, seen from the flow process: a torch-free client over a Pipe.
 
-One ``SessionWorker`` owns one spawned child process (``tasks.worker_child``) that holds the model, optimizer and
+One ``SessionWorker`` owns one spawned child process (``prefect_gliner2.runtime.worker_child``) that holds the model, optimizer and
 RNGs and executes operations strictly in the order they were sent. The client never imports torch.
 
     worker = SessionWorker(WorkerSpec(model="tiny:span", manifest_uri=".../manifest.json", cpu_threads=1),
@@ -37,13 +37,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import WorkerDied, WorkerError, storage_full_error
+from prefect_gliner2.runtime.errors import WorkerDied, WorkerError, storage_full_error
 
 __all__ = ["SessionWorker", "Ticket", "WorkerSpec"]
 
 logger = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")
-_REMOTE_ERROR_MODULES = ("session_core.errors", "tasks.errors")
+_REMOTE_ERROR_MODULES = ("prefect_gliner2.session_core.errors", "prefect_gliner2.runtime.errors")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class SessionWorker:
         label = restore.rstrip("/").rsplit("/", 1)[-1] if restore else "fresh"
         incarnation = f"{label}@{secrets.token_hex(6)}"
         parent_conn, child_conn = _CONTEXT.Pipe(duplex=True)
-        from .worker_child import worker_main
+        from prefect_gliner2.runtime.worker_child import worker_main
 
         process = _CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
         _spawner().start(process)

@@ -20,8 +20,8 @@ import time
 import uuid
 from typing import Any
 
-from .errors import RunLockedError
-from .rundir import RunDirectory
+from prefect_gliner2.runtime.errors import RunLockedError
+from prefect_gliner2.runtime.rundir import RunDirectory
 
 __all__ = ["RunLease"]
 

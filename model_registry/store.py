@@ -22,8 +22,8 @@ from typing import Any
 
 import fsspec
 
-from session_core.atomic import write_file_atomic
-from session_core.errors import SessionCoreError
+from prefect_gliner2.session_core.atomic import write_file_atomic
+from prefect_gliner2.session_core.errors import SessionCoreError
 
 __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
 

@@ -3,7 +3,7 @@
     RuntimeError
     ├── WorkerDied                 the session worker process vanished (kill, OOM, segfault): transient
     └── WorkerError                an unexpected (non-session_core) exception inside the worker: transient
-    session_core.SessionCoreError  deterministic, never retried; the Prefect layer adds:
+    prefect_gliner2.session_core.SessionCoreError  deterministic, never retried; the Prefect layer adds:
     ├── StorageFullError (OSError)             a write failed with ENOSPC, EFBIG, EDQUOT or EROFS (here or in the worker)
     ├── RunKeyError (ConfigError)              a run key that is not a safe directory name
     ├── RunConflictError (PlanMismatchError)   a different manifest / settings under an existing run key
@@ -20,7 +20,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from session_core.errors import ConfigError, PlanMismatchError, SessionCoreError
+from prefect_gliner2.session_core.errors import ConfigError, PlanMismatchError, SessionCoreError
 
 __all__ = [
     "RunConflictError",

@@ -12,13 +12,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from . import hooks
-from .checkpoints import checkpoint
-from .evaluation import validate
-from .progress import RunReporter
-from .registry import LiveRun
-from .schedule import Unit, unit_op, units
-from .training import train_batches
+from prefect_gliner2.flows.reporting import RunReporter
+from prefect_gliner2.runtime import faults
+from prefect_gliner2.runtime.live_runs import LiveRun
+from prefect_gliner2.runtime.schedule import Unit, unit_op, units
+from prefect_gliner2.tasks.checkpoints import checkpoint
+from prefect_gliner2.tasks.training import train_batches
+from prefect_gliner2.tasks.validation import validate
 
 __all__ = ["DriveResult", "drive", "run_unit"]
 
@@ -70,7 +70,7 @@ def drive(run: LiveRun, start: int, *, batches_per_task: int, checkpoint_every: 
             op, args = unit_op(unit, run.run_dir)
             run.worker.release(op, **args)  # a cached task never consumed its pre-sent call
         outcome.units_run += 1
-        hooks.hit("unit", unit.through)
+        faults.hit("unit", unit.through)
         if unit.kind == "advance":
             reporter.progress(result)
         elif unit.kind == "checkpoint":

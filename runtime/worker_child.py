@@ -1,6 +1,6 @@
 """The session worker process: owns one TrainingSession + ManagedTraining and runs operations strictly in order.
 
-Started by ``tasks.worker.SessionWorker`` in a spawn-context child. It dies with its parent (Linux
+Started by ``prefect_gliner2.runtime.worker.SessionWorker`` in a spawn-context child. It dies with its parent (Linux
 PR_SET_PDEATHSIG, plus a watchdog on ``os.getppid()`` and pipe EOF), pins the torch thread count, builds the
 session from the run's manifest and restores the checkpoint it is given before answering anything.
 
@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import hooks
-from .errors import permanent_storage_errno
-from .models import load_model
+from prefect_gliner2.runtime import faults
+from prefect_gliner2.runtime.errors import permanent_storage_errno
+from prefect_gliner2.runtime.model_sources import load_model
 
 PR_SET_PDEATHSIG = 1
 _WATCHDOG_SECONDS = 0.5
@@ -119,7 +119,7 @@ class SessionRunner:
         import torch
 
         torch.set_num_threads(int(spec["cpu_threads"]))
-        from session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
+        from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
 
         loaded = ManagedTrainingPlan.from_manifest(spec["manifest_uri"])
         self.plan = loaded.plan
@@ -149,14 +149,14 @@ class SessionRunner:
                 self._validate()
                 continue
             index = run.cursor
-            hooks.hit("batch", index)
+            faults.hit("batch", index)
             run.train_batch()
             if first is not None and index < first:
                 replayed += 1
         return replayed
 
     def _validate(self) -> dict[str, Any]:
-        hooks.hit("validate", self.run.cursor - 1)
+        faults.hit("validate", self.run.cursor - 1)
         return self.run.validate()
 
     # ---- operations ----------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class SessionRunner:
                 raise _checkpoint_conflict(uri, existing, run.cursor)
             return {**info, "committed": True, "existing": True}
         _remove_uncommitted(uri)
-        hooks.hit("checkpoint", index)
+        faults.hit("checkpoint", index)
         with _write_hook("checkpoint-write", index):
             digest = run.save_state(uri)
         return {**info, "committed": True, "existing": False, "index_sha256": digest}
@@ -222,7 +222,7 @@ class SessionRunner:
         existing = _existing_export(uri)
         if existing is not None:
             if existing.get("label") != label or existing.get("step") != run.session.step:
-                from session_core.errors import WeightsError
+                from prefect_gliner2.session_core.errors import WeightsError
 
                 raise WeightsError(f"export destination {uri} already holds a different model ({existing.get('label')} "
                                    f"at step {existing.get('step')}); choose a new export location")
@@ -266,7 +266,7 @@ def _is_native_model_dir(uri: str) -> bool:
 def _committed_meta(uri: str) -> dict[str, Any] | None:
     import fsspec
 
-    from session_core.checkpoint import INDEX_FILE
+    from prefect_gliner2.session_core.checkpoint import INDEX_FILE
 
     fs, path = fsspec.core.url_to_fs(uri)
     index = f"{path.rstrip('/')}/{INDEX_FILE}"
@@ -301,7 +301,7 @@ def _existing_export(uri: str) -> dict[str, Any] | None:
 
 
 def _checkpoint_conflict(uri: str, meta: dict[str, Any], cursor: int) -> Exception:
-    from session_core.errors import CheckpointError
+    from prefect_gliner2.session_core.errors import CheckpointError
 
     return CheckpointError(
         f"{uri} already holds a checkpoint of plan {str(meta.get('plan_fingerprint'))[:12]} at cursor "
@@ -313,14 +313,14 @@ def _checkpoint_conflict(uri: str, meta: dict[str, Any], cursor: int) -> Excepti
 @contextmanager
 def _write_hook(point: str, index: int) -> Iterator[None]:
     """Test hooks `checkpoint-write` / `export-write`: fire when the files are complete, just before the commit."""
-    if not hooks.active():
+    if not faults.active():
         yield
         return
     original = os.rename
 
     def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
         if ".partial-" in os.path.basename(os.fspath(src)):
-            hooks.hit(point, index)
+            faults.hit(point, index)
         original(src, dst, *args, **kwargs)
 
     os.rename = rename  # type: ignore[assignment]

@@ -1,0 +1,29 @@
+"""The export task: write the selected model once.
+
+``export_model`` writes the best validation checkpoint's weights when validation selected one, else the final
+weights; re-running it after a crash finds the finished export and returns its record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from prefect_gliner2.tasks.training import RETRYING, call_worker
+
+__all__ = ["export_model"]
+
+
+@task(
+    name="export-model",
+    task_run_name="export {which} model",
+    cache_policy=NO_CACHE,
+    **RETRYING,
+)
+def export_model(run_key: str, uri: str, which: str = "best") -> dict[str, Any]:
+    """Export the best model (when validation selected one) or the final model to `uri`."""
+    info = call_worker(run_key, "export", uri=uri, which=which)
+    get_run_logger().info("exported the %s model (step %s) to %s", info.get("label"), info.get("step"), uri)
+    return dict(info)
