@@ -59,14 +59,34 @@ CASES: dict[str, dict[str, Any]] = {
     "boundary-lora": {"model": "tiny:boundary", "lora": True, "flow": {"batches_per_task": 3, "pipeline_depth": 2}},
 }
 QUICK_PLAN = {"boundary": ["mid-window"], "span-lora": ["worker"]}
-COMPARED_SUMMARY = ("total_steps", "total_epochs", "best_metric", "best_step", "label", "stopped_early", "batch_count",
-                    "fingerprint", "content_address")
+COMPARED_SUMMARY = (
+    "total_steps",
+    "total_epochs",
+    "best_metric",
+    "best_step",
+    "label",
+    "stopped_early",
+    "batch_count",
+    "fingerprint",
+    "content_address",
+)
 
 
 def flow_config(lora: bool) -> dict[str, Any]:
     values: dict[str, Any] = dict(
-        fp16=False, bf16=False, batch_size=2, gradient_accumulation_steps=2, num_epochs=2, eval_strategy="epoch",
-        seed=11, encoder_lr=1e-3, task_lr=2e-3, warmup_ratio=0.2, lora_r=4, lora_alpha=8.0)
+        fp16=False,
+        bf16=False,
+        batch_size=2,
+        gradient_accumulation_steps=2,
+        num_epochs=2,
+        eval_strategy="epoch",
+        seed=11,
+        encoder_lr=1e-3,
+        task_lr=2e-3,
+        warmup_ratio=0.2,
+        lora_r=4,
+        lora_alpha=8.0,
+    )
     if lora:
         values.update(use_lora=True, lora_dropout=0.1)
     return values
@@ -136,7 +156,9 @@ def child_main(params_json: str) -> None:
     print(json.dumps(summary))
 
 
-def spawn(params: dict[str, Any], env: dict[str, str], api_url: str, *, fsize_limit: int | None = None) -> subprocess.Popen[str]:
+def spawn(
+    params: dict[str, Any], env: dict[str, str], api_url: str, *, fsize_limit: int | None = None
+) -> subprocess.Popen[str]:
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api_url, OMP_NUM_THREADS="1", **env)
 
     def limit() -> None:  # a real failing write: EFBIG past `fsize_limit` bytes in this process and its worker
@@ -144,9 +166,15 @@ def spawn(params: dict[str, Any], env: dict[str, str], api_url: str, *, fsize_li
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(params)],
-                            cwd=str(ROOT), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=limit if fsize_limit is not None else None)
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(params)],
+        cwd=str(ROOT),
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=limit if fsize_limit is not None else None,
+    )
 
 
 def run_in_process(params: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -212,8 +240,17 @@ def read_cursor(run: Path) -> dict[str, Any] | None:
 # ---- one crash -----------------------------------------------------------------------------------------------
 
 
-def crash(kind: str, params: dict[str, Any], run: Path, work: Path, api_url: str, rng: random.Random,
-          estimate: float, case: str, prefer: int | None = None) -> Kill | None:
+def crash(
+    kind: str,
+    params: dict[str, Any],
+    run: Path,
+    work: Path,
+    api_url: str,
+    rng: random.Random,
+    estimate: float,
+    case: str,
+    prefer: int | None = None,
+) -> Kill | None:
     """One crashed attempt of kind `kind` at a seeded random eligible moment (`prefer`, the index drawn in advance,
     when it is still ahead of the durable cursor); None when nothing is eligible."""
 
@@ -272,8 +309,15 @@ def crash(kind: str, params: dict[str, Any], run: Path, work: Path, api_url: str
     gone = pid_gone(worker) if worker is not None and outcome == "killed" else None
     if kind == "worker" and not (markers / "died").exists():
         outcome = "not reached"
-    return Kill(case, kind, f"{name}:{index}", outcome, (read_cursor(run) or {}).get("cursor"), gone,
-                time_to_first_batch(markers, cursor, launched) if cursor else None)
+    return Kill(
+        case,
+        kind,
+        f"{name}:{index}",
+        outcome,
+        (read_cursor(run) or {}).get("cursor"),
+        gone,
+        time_to_first_batch(markers, cursor, launched) if cursor else None,
+    )
 
 
 def time_to_first_batch(markers: Path, cursor: int, launched: float) -> float | None:
@@ -337,19 +381,36 @@ def final_histories(run: Path) -> dict[str, Any]:
 def draw_kills(rng: random.Random) -> list[tuple[str, int | None]]:
     """Every kill kind at a seeded random index, in the order the run reaches them: time-based first (from
     scratch), the worker kill last (its run is then killed during the export)."""
-    drawn = [("mid-window", rng.choice(MID_WINDOW) + 1), ("checkpoint-write", rng.choice(CHECKPOINTS)),
-             ("validate", rng.choice(VALIDATIONS))]
+    drawn = [
+        ("mid-window", rng.choice(MID_WINDOW) + 1),
+        ("checkpoint-write", rng.choice(CHECKPOINTS)),
+        ("validate", rng.choice(VALIDATIONS)),
+    ]
     rank = {"mid-window": -0.5, "validate": 0.0, "checkpoint-write": 0.25}  # batch j pauses before training j
     ordered = sorted(drawn, key=lambda kill: kill[1] + rank[kill[0]])
     return [("time", None), *ordered, ("worker", rng.randrange(ordered[-1][1], LAST + 1))]
 
 
-def run_case(case: str, kinds: list[str] | list[tuple[str, int | None]], root: Path, inputs: dict[str, str], api_url: str, rng: random.Random) -> CaseResult:
+def run_case(
+    case: str,
+    kinds: list[str] | list[tuple[str, int | None]],
+    root: Path,
+    inputs: dict[str, str],
+    api_url: str,
+    rng: random.Random,
+) -> CaseResult:
     spec = CASES[case]
     storage = root / "runs"
-    base = dict(model=spec["model"], train_data=inputs["train"], valid_data=inputs["valid"],
-                config=flow_config(bool(spec["lora"])), storage=str(storage), checkpoint_every=CHECKPOINT_EVERY,
-                cpu_threads=THREADS, **spec["flow"])
+    base = dict(
+        model=spec["model"],
+        train_data=inputs["train"],
+        valid_data=inputs["valid"],
+        config=flow_config(bool(spec["lora"])),
+        storage=str(storage),
+        checkpoint_every=CHECKPOINT_EVERY,
+        cpu_threads=THREADS,
+        **spec["flow"],
+    )
     result = CaseResult(case)
     root.mkdir(parents=True, exist_ok=True)
     markers = Path(tempfile.mkdtemp(prefix="markers-reference-", dir=root))
@@ -372,7 +433,9 @@ def run_case(case: str, kinds: list[str] | list[tuple[str, int | None]], root: P
     final = time_to_first_batch(markers, cursor, launched) if cursor else None
     result.resume_seconds = [k.resume_s for k in result.kills if k.resume_s is not None] + ([final] if final else [])
     result.resumes = sum(1 for k in result.kills if k.outcome == "killed")
-    result.tensors, result.differing_tensors, result.differing_bits = compare_exports(summary["export"], reference["export"])
+    result.tensors, result.differing_tensors, result.differing_bits = compare_exports(
+        summary["export"], reference["export"]
+    )
     result.history_equal = final_histories(run) == final_histories(storage / f"{case}-reference")
     result.summary_equal = all(summary.get(k) == reference.get(k) for k in COMPARED_SUMMARY)
     return result
@@ -386,14 +449,20 @@ def _staged_run(finished: Path, target: Path, checkpoint: str) -> None:
     shutil.copytree(finished, target)
     shutil.rmtree(target / "export", ignore_errors=True)
     names = sorted(p.name for p in (target / "checkpoints").iterdir())
-    for name in names[names.index(checkpoint) + 1:]:
+    for name in names[names.index(checkpoint) + 1 :]:
         shutil.rmtree(target / "checkpoints" / name)
     from prefect_gliner2.session_core.checkpoint import read_checkpoint
 
     meta = read_checkpoint(str(target / "checkpoints" / checkpoint)).meta
     cursor = json.loads((finished / "cursor.json").read_text())
-    cursor.update(checkpoint=checkpoint, cursor=meta["cursor"], step=meta.get("step", int(checkpoint[5:11])),
-                  finished=False, export=None, summary=None)
+    cursor.update(
+        checkpoint=checkpoint,
+        cursor=meta["cursor"],
+        step=meta.get("step", int(checkpoint[5:11])),
+        finished=False,
+        export=None,
+        summary=None,
+    )
     cursor["epoch"] = meta.get("epoch", cursor["epoch"])
     (target / "cursor.json").write_text(json.dumps(cursor, sort_keys=True, indent=1))
     with contextlib.suppress(FileNotFoundError):
@@ -402,8 +471,15 @@ def _staged_run(finished: Path, target: Path, checkpoint: str) -> None:
 
 def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[FaultResult]:
     storage = root / "faults"
-    base = dict(model="tiny:span", train_data=inputs["train"], valid_data=inputs["valid"], config=flow_config(False),
-                storage=str(storage), checkpoint_every=CHECKPOINT_EVERY, cpu_threads=THREADS)
+    base = dict(
+        model="tiny:span",
+        train_data=inputs["train"],
+        valid_data=inputs["valid"],
+        config=flow_config(False),
+        storage=str(storage),
+        checkpoint_every=CHECKPOINT_EVERY,
+        cpu_threads=THREADS,
+    )
     reference = run_in_process({**base, "run_key": "reference"})
     finished = storage / "reference"
     newest = sorted(p.name for p in (finished / "checkpoints").iterdir())[-2]  # the one before the final
@@ -422,23 +498,37 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     def damage_missing(ckpt: Path) -> None:
         (ckpt / "managed.json").unlink()
 
-    for key, fault, damage in (("truncated", "truncated checkpoint file", damage_truncate),
-                               ("edited", "one bit edited in a checkpoint file", damage_edit),
-                               ("missing", "checkpoint file missing", damage_missing)):
+    for key, fault, damage in (
+        ("truncated", "truncated checkpoint file", damage_truncate),
+        ("edited", "one bit edited in a checkpoint file", damage_edit),
+        ("missing", "checkpoint file missing", damage_missing),
+    ):
         _staged_run(finished, storage / key, newest)
         damage(storage / key / "checkpoints" / newest)
         try:
             summary = run_in_process({**base, "run_key": key})
         except Exception as exc:  # noqa: BLE001 - the outcome is what we report
             detected = type(exc).__name__ == "CheckpointError"
-            results.append(FaultResult(fault, detected, f"{type(exc).__name__}: {str(exc)[:300]}", False,
-                                       "resume refuses the damaged newest checkpoint and stops; it does not fall back "
-                                       "to the previous good checkpoint (product change proposed)"))
+            results.append(
+                FaultResult(
+                    fault,
+                    detected,
+                    f"{type(exc).__name__}: {str(exc)[:300]}",
+                    False,
+                    "resume refuses the damaged newest checkpoint and stops; it does not fall back "
+                    "to the previous good checkpoint (product change proposed)",
+                )
+            )
             continue
         bits = compare_exports(summary["export"], reference["export"])[2]
-        quarantined = sorted(p.name for p in (storage / key / "checkpoints").iterdir() if p.name.startswith(".damaged-"))
-        note = (f"damaged checkpoint moved aside ({quarantined[0]}); continued from the previous intact checkpoint"
-                if quarantined else f"resume did not notice the damage (resumed from batch {summary.get('resumed_from_batch')})")
+        quarantined = sorted(
+            p.name for p in (storage / key / "checkpoints").iterdir() if p.name.startswith(".damaged-")
+        )
+        note = (
+            f"damaged checkpoint moved aside ({quarantined[0]}); continued from the previous intact checkpoint"
+            if quarantined
+            else f"resume did not notice the damage (resumed from batch {summary.get('resumed_from_batch')})"
+        )
         results.append(FaultResult(fault, bool(quarantined), "", bits == 0, note))
 
     # An injected failure after the checkpoint's files are written, before the commit (the worker raises once).
@@ -447,10 +537,16 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     summary = run_in_process({**base, "run_key": key}, {"PREFECT_GLINER2_TEST_RAISE": f"checkpoint-write:7:{flag}"})
     bits = compare_exports(summary["export"], reference["export"])[2]
     debris = [p.name for p in (storage / key / "checkpoints").iterdir() if ".partial-" in p.name]
-    results.append(FaultResult("checkpoint write fails before its commit (injected, once)", flag.exists(),
-                               "RuntimeError in the worker -> WorkerError (transient), task retried", bits == 0 and not debris,
-                               f"a fresh worker restored the previous checkpoint and replayed; {summary['worker_starts']} "
-                               "worker starts, no debris"))
+    results.append(
+        FaultResult(
+            "checkpoint write fails before its commit (injected, once)",
+            flag.exists(),
+            "RuntimeError in the worker -> WorkerError (transient), task retried",
+            bits == 0 and not debris,
+            f"a fresh worker restored the previous checkpoint and replayed; {summary['worker_starts']} "
+            "worker starts, no debris",
+        )
+    )
 
     # A real failing write in the middle of a run: once the first checkpoint is committed, prlimit(2) gives the
     # running flow process and its worker RLIMIT_FSIZE = 64 KiB, so the next checkpoint's files fail with EFBIG.
@@ -459,9 +555,11 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     after = first + 2  # a batch trained after the first checkpoint was committed (and its cursor written)
     markers = root / "markers-disk-full"
     markers.mkdir(parents=True, exist_ok=True)
-    process = spawn({**base, "run_key": key}, {"PREFECT_GLINER2_TEST_MARKERS": str(markers),
-                                                   "PREFECT_GLINER2_TEST_PAUSE": f"batch:{after}:3"},
-                    api_url)
+    process = spawn(
+        {**base, "run_key": key},
+        {"PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": f"batch:{after}:3"},
+        api_url,
+    )
     worker_pid = wait_for(markers, f"batch-{after}", process)
     limited = []
     for pid in (process.pid, worker_pid):
@@ -478,22 +576,30 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     debris = [p.name for p in (run / "checkpoints").iterdir() if ".partial-" in p.name]
     summary = run_in_process({**base, "run_key": key})
     bits = compare_exports(summary["export"], reference["export"])[2]
-    last_error = next((line.strip() for line in reversed(output.splitlines()) if "StorageFullError" in line),
-                      next((line.strip() for line in reversed(output.splitlines()) if "Error" in line), ""))
-    results.append(FaultResult("writes fail with EFBIG mid-run (RLIMIT_FSIZE 64 KiB set by prlimit after the first "
-                               "checkpoint)", process.returncode != 0 and efbig and len(limited) == 2,
-                               f"exit {process.returncode}: {last_error[:300]}", bits == 0 and bool(committed),
-                               f"the failed run kept {committed} (cursor at batch {cursor and cursor['cursor']}), "
-                               f"left {len(debris)} staging dir(s) for the next run to clean; the rerun without the "
-                               f"fault continued from batch {summary['resumed_from_batch']}"))
+    last_error = next(
+        (line.strip() for line in reversed(output.splitlines()) if "StorageFullError" in line),
+        next((line.strip() for line in reversed(output.splitlines()) if "Error" in line), ""),
+    )
+    results.append(
+        FaultResult(
+            "writes fail with EFBIG mid-run (RLIMIT_FSIZE 64 KiB set by prlimit after the first checkpoint)",
+            process.returncode != 0 and efbig and len(limited) == 2,
+            f"exit {process.returncode}: {last_error[:300]}",
+            bits == 0 and bool(committed),
+            f"the failed run kept {committed} (cursor at batch {cursor and cursor['cursor']}), "
+            f"left {len(debris)} staging dir(s) for the next run to clean; the rerun without the "
+            f"fault continued from batch {summary['resumed_from_batch']}",
+        )
+    )
     return results
 
 
 # ---- report --------------------------------------------------------------------------------------------------
 
 
-def run_chaos(*, quick: bool, seed: int, api_url: str, work: Path, cases: list[str] | None = None,
-              faults: bool | None = None) -> dict[str, Any]:
+def run_chaos(
+    *, quick: bool, seed: int, api_url: str, work: Path, cases: list[str] | None = None, faults: bool | None = None
+) -> dict[str, Any]:
     rng = random.Random(seed)
     inputs = make_inputs(work / "data")
     plan: dict[str, Any]
@@ -504,11 +610,14 @@ def run_chaos(*, quick: bool, seed: int, api_url: str, work: Path, cases: list[s
     if cases:
         plan = {case: plan.get(case) or draw_kills(rng) for case in cases}
     results = [run_case(case, kinds, work / case, inputs, api_url, rng) for case, kinds in plan.items()]
-    fault_results = storage_faults(work / "faults", inputs, api_url) if (faults if faults is not None else not quick) else []
+    fault_results = (
+        storage_faults(work / "faults", inputs, api_url) if (faults if faults is not None else not quick) else []
+    )
     kills = [k for r in results for k in r.kills]
     resumes = [s for r in results for s in r.resume_seconds]
     return {
-        "seed": seed, "quick": quick,
+        "seed": seed,
+        "quick": quick,
         "kill_points_tried": len(kills),
         "killed": sum(k.outcome == "killed" for k in kills),
         "resumed": sum(r.resumes for r in results),
@@ -527,26 +636,35 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"chaos (seed {report['seed']}{', quick' if report['quick'] else ''})"]
     for case in report["cases"]:
         for kill in case["kills"]:
-            lines.append(f"  {case['case']:<14} {kill['kind']:<17} {kill['point']:<22} {kill['outcome']:<26} "
-                         f"cursor after {kill['cursor_after']}"
-                         + ("" if kill["resume_s"] is None else f", resumed in {kill['resume_s']:.2f} s")
-                         + ("" if kill["worker_gone"] is None else f", worker gone {kill['worker_gone']}"))
-        lines.append(f"  {case['case']:<14} final: {case['tensors']} tensors, {case['differing_tensors']} differ, "
-                     f"{case['differing_bits']} differing bits; history equal {case['history_equal']}, "
-                     f"summary equal {case['summary_equal']}")
+            lines.append(
+                f"  {case['case']:<14} {kill['kind']:<17} {kill['point']:<22} {kill['outcome']:<26} "
+                f"cursor after {kill['cursor_after']}"
+                + ("" if kill["resume_s"] is None else f", resumed in {kill['resume_s']:.2f} s")
+                + ("" if kill["worker_gone"] is None else f", worker gone {kill['worker_gone']}")
+            )
+        lines.append(
+            f"  {case['case']:<14} final: {case['tensors']} tensors, {case['differing_tensors']} differ, "
+            f"{case['differing_bits']} differing bits; history equal {case['history_equal']}, "
+            f"summary equal {case['summary_equal']}"
+        )
     mean = report["mean_resume_s"]
     lines += [
         f"kill points tried: {report['kill_points_tried']} (killed {report['killed']})",
         f"resumed: {report['resumed']}",
         f"differing bits: {report['differing_bits']}",
         f"histories equal: {report['histories_equal']}",
-        (f"mean resume time: {mean:.2f} s over {report['resume_samples']} resumes (new flow run -> first batch "
-         f"trained from the restored checkpoint; uninterrupted run {report['mean_reference_s']:.2f} s)")
-        if mean else "mean resume time: n/a",
+        (
+            f"mean resume time: {mean:.2f} s over {report['resume_samples']} resumes (new flow run -> first batch "
+            f"trained from the restored checkpoint; uninterrupted run {report['mean_reference_s']:.2f} s)"
+        )
+        if mean
+        else "mean resume time: n/a",
     ]
     for fault in report["storage_faults"]:
-        lines.append(f"storage fault: {fault['fault']}: detected {fault['detected']}, continued exactly "
-                     f"{fault['continued_exactly']}; {fault['error']} -- {fault['note']}")
+        lines.append(
+            f"storage fault: {fault['fault']}: detected {fault['detected']}, continued exactly "
+            f"{fault['continued_exactly']}; {fault['error']} -- {fault['note']}"
+        )
     return "\n".join(lines)
 
 
@@ -560,8 +678,10 @@ def prefect_server(api_url: str | None) -> Iterator[str]:
     from prefect.settings import temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120), \
-            temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield str(settings.PREFECT_API_URL.value())
 
 
@@ -578,14 +698,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child_main(args.child)
         return 0
-    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                        ("OMP_NUM_THREADS", "1"), ("PREFECT_LOGGING_LEVEL", "WARNING")):
+    for name, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("OMP_NUM_THREADS", "1"),
+        ("PREFECT_LOGGING_LEVEL", "WARNING"),
+    ):
         os.environ.setdefault(name, value)
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="chaos-prefect-home-"))
     faults = None if args.storage_faults is None else args.storage_faults == "on"
     with tempfile.TemporaryDirectory(prefix="chaos-") as work, prefect_server(args.api_url) as url:
-        report = run_chaos(quick=args.quick, seed=args.seed, api_url=url, work=Path(work),
-                           cases=args.cases.split(",") if args.cases else None, faults=faults)
+        report = run_chaos(
+            quick=args.quick,
+            seed=args.seed,
+            api_url=url,
+            work=Path(work),
+            cases=args.cases.split(",") if args.cases else None,
+            faults=faults,
+        )
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -9,8 +9,8 @@
 Every variant pays its own start-up: (a) is a fresh interpreter that imports torch, builds the model, trains and
 exports; (b), (b2) and (c) are `train_flow` calls (the worker process imports torch, builds, restores, trains,
 checkpoints at epoch ends, exports), each against a fresh local Prefect server (SQLite) that is already up, with
-Prefect's default settings (flow-run heartbeats on). Torch uses the same thread count everywhere. Targets: b/a <= 1.10 at ~100 ms
-steps, c/a <= 1.10 at tiny steps.
+Prefect's default settings (flow-run heartbeats on). Torch uses the same thread count everywhere.
+Targets: b/a <= 1.10 at ~100 ms steps, c/a <= 1.10 at tiny steps.
 """
 
 from __future__ import annotations
@@ -29,14 +29,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES: list[dict[str, Any]] = [
-    {"name": "tiny (hidden 32)", "model": "tiny:span", "records": 2400, "quick_records": 240,
-     "grouped": {"batches_per_task": 32, "pipeline_depth": 2}},
-    {"name": "~100 ms/step (256x2)", "model": "tiny:span:256x2", "records": 400, "quick_records": 80,
-     "grouped": {"batches_per_task": 4, "pipeline_depth": 2}},
+    {
+        "name": "tiny (hidden 32)",
+        "model": "tiny:span",
+        "records": 2400,
+        "quick_records": 240,
+        "grouped": {"batches_per_task": 32, "pipeline_depth": 2},
+    },
+    {
+        "name": "~100 ms/step (256x2)",
+        "model": "tiny:span:256x2",
+        "records": 400,
+        "quick_records": 80,
+        "grouped": {"batches_per_task": 4, "pipeline_depth": 2},
+    },
 ]
 DEVICE = "cpu"
-CONFIG = {"fp16": False, "bf16": False, "batch_size": 4, "num_epochs": 2, "eval_strategy": "epoch", "seed": 3,
-          "encoder_lr": 1e-4, "task_lr": 1e-3}
+CONFIG = {
+    "fp16": False,
+    "bf16": False,
+    "batch_size": 4,
+    "num_epochs": 2,
+    "eval_strategy": "epoch",
+    "seed": 3,
+    "encoder_lr": 1e-4,
+    "task_lr": 1e-3,
+}
 
 _DIRECT = """
 import json, sys, time
@@ -71,11 +89,19 @@ def run_direct(case: dict[str, Any], inputs: dict[str, str], work: Path, threads
     from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
     from prefect_gliner2.session_core.manifest import write_manifest
 
-    plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(CONFIG), architecture=model_architecture(case["model"]))
+    plan = ManagedTrainingPlan(
+        inputs["train"], TrainingConfig.from_dict(CONFIG), architecture=model_architecture(case["model"])
+    )
     manifest = str(work / f"direct-manifest-{key}.json")
     write_manifest(plan.manifest_bytes(inputs["valid"]), manifest)
-    script = _DIRECT.format(root=str(ROOT), threads=threads, manifest=manifest, model=case["model"],
-                            export=str(work / f"direct-export-{key}"), device=DEVICE)
+    script = _DIRECT.format(
+        root=str(ROOT),
+        threads=threads,
+        manifest=manifest,
+        model=case["model"],
+        export=str(work / f"direct-export-{key}"),
+        device=DEVICE,
+    )
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
@@ -93,9 +119,18 @@ def run_flow(case: dict[str, Any], inputs: dict[str, str], work: Path, key: str,
 
     with prefect_test_harness(server_startup_timeout=120):
         started = time.perf_counter()
-        train_flow(model=case["model"], train_data=inputs["train"], valid_data=inputs["valid"], config=CONFIG,
-                   run_key=key, storage=str(work / "runs"), checkpoint_every=0, cpu_threads=threads, device=DEVICE,
-                   **options)
+        train_flow(
+            model=case["model"],
+            train_data=inputs["train"],
+            valid_data=inputs["valid"],
+            config=CONFIG,
+            run_key=key,
+            storage=str(work / "runs"),
+            checkpoint_every=0,
+            cpu_threads=threads,
+            device=DEVICE,
+            **options,
+        )
         return time.perf_counter() - started
 
 
@@ -110,8 +145,13 @@ def bench_case(case: dict[str, Any], work: Path, *, quick: bool, threads: int, r
         times["b"].append(run_flow(case, inputs, work, f"per-batch-{r}", threads))
         times["b2"].append(run_flow(case, inputs, work, f"per-batch-pipelined-{r}", threads, pipeline_depth=2))
         times["c"].append(run_flow(case, inputs, work, f"grouped-{r}", threads, **case["grouped"]))
-    return {"case": case["name"], "batches": batches, **{k: min(v) for k, v in times.items()},
-            "all": times, "grouped": case["grouped"]}
+    return {
+        "case": case["name"],
+        "batches": batches,
+        **{k: min(v) for k, v in times.items()},
+        "all": times,
+        "grouped": case["grouped"],
+    }
 
 
 def main() -> None:
@@ -131,24 +171,34 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         for index, case in enumerate(CASES):
-            rows.append(bench_case(case, Path(tmp) / f"case{index}", quick=args.quick, threads=args.threads,
-                                   repeat=args.repeat))
+            rows.append(
+                bench_case(case, Path(tmp) / f"case{index}", quick=args.quick, threads=args.threads, repeat=args.repeat)
+            )
             _print(rows[-1:], header=index == 0)
-    print("\nb: one task per batch; b2: one task per batch, pipeline_depth=2; c: grouped + pipelined "
-          "(batches_per_task/pipeline_depth per case as shown); all include start-up, checkpoints and export.\n"
-          f"minimum of {args.repeat} interleaved run(s) each; all runs: "
-          + "; ".join(f"{r['case']}: " + ", ".join(f"{k} {' '.join(f'{t:.2f}' for t in v)}" for k, v in r["all"].items())
-                      for r in rows))
+    print(
+        "\nb: one task per batch; b2: one task per batch, pipeline_depth=2; c: grouped + pipelined "
+        "(batches_per_task/pipeline_depth per case as shown); all include start-up, checkpoints and export.\n"
+        f"minimum of {args.repeat} interleaved run(s) each; all runs: "
+        + "; ".join(
+            f"{r['case']}: " + ", ".join(f"{k} {' '.join(f'{t:.2f}' for t in v)}" for k, v in r["all"].items())
+            for r in rows
+        )
+    )
 
 
 def _print(rows: list[dict[str, Any]], *, header: bool) -> None:
     if header:
-        print(f"{'case':<22}{'batches':>8}{'(a) direct':>12}{'(b) tasks':>11}{'(b2) pipe':>11}{'(c) group':>11}"
-              f"{'b/a':>7}{'b2/a':>7}{'c/a':>7}  c options")
+        print(
+            f"{'case':<22}{'batches':>8}{'(a) direct':>12}{'(b) tasks':>11}{'(b2) pipe':>11}{'(c) group':>11}"
+            f"{'b/a':>7}{'b2/a':>7}{'c/a':>7}  c options"
+        )
     for r in rows:
-        print(f"{r['case']:<22}{r['batches']:>8}{r['a']:>11.2f}s{r['b']:>10.2f}s{r['b2']:>10.2f}s{r['c']:>10.2f}s"
-              f"{r['b'] / r['a']:>7.2f}{r['b2'] / r['a']:>7.2f}{r['c'] / r['a']:>7.2f}  "
-              f"{r['grouped']['batches_per_task']}/task, depth {r['grouped']['pipeline_depth']}", flush=True)
+        print(
+            f"{r['case']:<22}{r['batches']:>8}{r['a']:>11.2f}s{r['b']:>10.2f}s{r['b2']:>10.2f}s{r['c']:>10.2f}s"
+            f"{r['b'] / r['a']:>7.2f}{r['b2'] / r['a']:>7.2f}{r['c'] / r['a']:>7.2f}  "
+            f"{r['grouped']['batches_per_task']}/task, depth {r['grouped']['pipeline_depth']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

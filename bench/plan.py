@@ -26,7 +26,16 @@ WORDS = (
     "yesterday new old first last government bank school university hospital team season game project board "
     "meeting announced opened visited signed joined led founded moved returned"
 ).split()
-PEOPLE = ["John Smith", "Maria Garcia", "Wei Chen", "Aisha Khan", "Lars Berg", "Ana Souza", "Kenji Sato", "Olga Ivanova"]
+PEOPLE = [
+    "John Smith",
+    "Maria Garcia",
+    "Wei Chen",
+    "Aisha Khan",
+    "Lars Berg",
+    "Ana Souza",
+    "Kenji Sato",
+    "Olga Ivanova",
+]
 PLACES = ["Paris", "Nairobi", "Lima", "Oslo", "Osaka", "Toronto", "Cairo", "Hanoi", "Munich", "Austin"]
 
 
@@ -78,8 +87,14 @@ def measure(n: int, epochs: int, jsonl: str | None) -> dict:
     data = dumps_manifest(manifest)
     t3 = time.perf_counter()
     return {
-        "n": n, "plan_s": t1 - t0, "manifest_bytes_s": t2 - t1, "to_manifest_dumps_s": t3 - t2,
-        "total_s": t3 - t0, "streamed_peak_mb": streamed_peak, "peak_growth_mb": _maxrss_mb() - base, "manifest_mb": len(data) / 1e6,
+        "n": n,
+        "plan_s": t1 - t0,
+        "manifest_bytes_s": t2 - t1,
+        "to_manifest_dumps_s": t3 - t2,
+        "total_s": t3 - t0,
+        "streamed_peak_mb": streamed_peak,
+        "peak_growth_mb": _maxrss_mb() - base,
+        "manifest_mb": len(data) / 1e6,
         "batches": plan.batch_count,
     }
 
@@ -100,10 +115,14 @@ def main() -> None:
         print(json.dumps(measure(args.child, args.epochs, args.jsonl)))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"plan + manifest, batch_size 8, accumulation 2, {args.epochs} epochs, boundary (length-grouped), "
-          f"input from {args.source}; {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    print(f"{'records':>9} {'plan s':>7} {'bytes s':>8} {'dict+dumps s':>12} {'total s':>8} {'peak1 MB':>8} "
-          f"{'peak2 MB':>8} {'file MB':>8} {'us/rec':>7} {'time x':>7} {'mem x':>6}")
+    print(
+        f"plan + manifest, batch_size 8, accumulation 2, {args.epochs} epochs, boundary (length-grouped), "
+        f"input from {args.source}; {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+    )
+    print(
+        f"{'records':>9} {'plan s':>7} {'bytes s':>8} {'dict+dumps s':>12} {'total s':>8} {'peak1 MB':>8} "
+        f"{'peak2 MB':>8} {'file MB':>8} {'us/rec':>7} {'time x':>7} {'mem x':>6}"
+    )
     first = None
     for n in sizes:
         command = [sys.executable, __file__, "--child", str(n), "--epochs", str(args.epochs)]
@@ -112,7 +131,9 @@ def main() -> None:
             jsonl = os.path.join(tempfile.mkdtemp(), f"synthetic-{n}.jsonl")
             subprocess.run([sys.executable, __file__, "--write-jsonl", str(n), "--jsonl", jsonl], check=True)
         try:
-            out = subprocess.run(command + (["--jsonl", jsonl] if jsonl else []), check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                command + (["--jsonl", jsonl] if jsonl else []), check=True, capture_output=True, text=True
+            )
         finally:
             if jsonl:
                 os.unlink(jsonl)
@@ -120,10 +141,16 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         first = first or r
         time_ratio = (r["total_s"] / n) / (first["total_s"] / first["n"])
-        mem_ratio = (r["peak_growth_mb"] / n) / (first["peak_growth_mb"] / first["n"]) if first["peak_growth_mb"] else float("nan")
-        print(f"{n:>9} {r['plan_s']:>7.2f} {r['manifest_bytes_s']:>8.2f} {r['to_manifest_dumps_s']:>12.2f} "
-              f"{r['total_s']:>8.2f} {r['streamed_peak_mb']:>8.0f} {r['peak_growth_mb']:>8.0f} {r['manifest_mb']:>8.1f} "
-              f"{1e6 * r['total_s'] / n:>7.1f} {time_ratio:>7.2f} {mem_ratio:>6.2f}")
+        mem_ratio = (
+            (r["peak_growth_mb"] / n) / (first["peak_growth_mb"] / first["n"])
+            if first["peak_growth_mb"]
+            else float("nan")
+        )
+        print(
+            f"{n:>9} {r['plan_s']:>7.2f} {r['manifest_bytes_s']:>8.2f} {r['to_manifest_dumps_s']:>12.2f} "
+            f"{r['total_s']:>8.2f} {r['streamed_peak_mb']:>8.0f} {r['peak_growth_mb']:>8.0f} {r['manifest_mb']:>8.1f} "
+            f"{1e6 * r['total_s'] / n:>7.1f} {time_ratio:>7.2f} {mem_ratio:>6.2f}"
+        )
 
 
 if __name__ == "__main__":

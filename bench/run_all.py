@@ -32,8 +32,14 @@ BENCH = ROOT / "bench"
 def machine(device: str = "cpu") -> str:
     gpu = ""
     if device.startswith("cuda"):
-        gpu = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
-                             capture_output=True, text=True).stdout.strip() or "unknown GPU"
+        gpu = (
+            subprocess.run(
+                [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            or "unknown GPU"
+        )
         gpu = f"{gpu} (CUDA), "
     cpu = platform.processor() or "unknown CPU"
     try:
@@ -43,13 +49,20 @@ def machine(device: str = "cpu") -> str:
                 break
     except OSError:
         pass
-    torch = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                           text=True).stdout.strip() or "unknown"
+    torch = (
+        subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+        ).stdout.strip()
+        or "unknown"
+    )
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 0
-    return f"{gpu}{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch}, {platform.system()} {platform.release()}"
+    return (
+        f"{gpu}{cpu}, {cores} cores, Python {platform.python_version()}, torch {torch}, "
+        f"{platform.system()} {platform.release()}"
+    )
 
 
 def run(script: str, *args: str, timeout: float) -> tuple[str, float, int]:
@@ -73,19 +86,34 @@ def session_rows(rows: list[dict[str, Any]]) -> list[Row]:
     out: list[Row] = []
     for r in rows:
         name = f"{r['model']} {r['arch']}"
-        out.append((f"session vs native ExtractorTrainer.train() ({name})", f"{r['ratio']:.3f}",
-                    f"{r['session_s']:.3f} s vs {r['native_s']:.3f} s"))
-        out.append((f"checkpoint save vs raw write of the same bytes ({name})",
-                    f"{r['save_s_per_gb'] / r['raw_write_s_per_gb']:.2f}",
-                    f"{r['save_s_per_gb']:.2f} vs {r['raw_write_s_per_gb']:.2f} s/GB, {r['checkpoint_bytes'] / 1e6:.1f} MB"))
-        out.append((f"checkpoint load vs raw read of the same bytes ({name})",
-                    f"{r['load_s_per_gb'] / r['raw_read_s_per_gb']:.2f}",
-                    f"{r['load_s_per_gb']:.2f} vs {r['raw_read_s_per_gb']:.2f} s/GB"))
+        out.append(
+            (
+                f"session vs native ExtractorTrainer.train() ({name})",
+                f"{r['ratio']:.3f}",
+                f"{r['session_s']:.3f} s vs {r['native_s']:.3f} s",
+            )
+        )
+        out.append(
+            (
+                f"checkpoint save vs raw write of the same bytes ({name})",
+                f"{r['save_s_per_gb'] / r['raw_write_s_per_gb']:.2f}",
+                f"{r['save_s_per_gb']:.2f} vs {r['raw_write_s_per_gb']:.2f} s/GB, {r['checkpoint_bytes'] / 1e6:.1f} MB",
+            )
+        )
+        out.append(
+            (
+                f"checkpoint load vs raw read of the same bytes ({name})",
+                f"{r['load_s_per_gb'] / r['raw_read_s_per_gb']:.2f}",
+                f"{r['load_s_per_gb']:.2f} vs {r['raw_read_s_per_gb']:.2f} s/GB",
+            )
+        )
     return out
 
 
-_FLOW = re.compile(r"^(?P<case>.+?)\s+(?P<batches>\d+)\s+(?P<a>[\d.]+)s\s+(?P<b>[\d.]+)s\s+(?P<b2>[\d.]+)s\s+"
-                   r"(?P<c>[\d.]+)s\s+(?P<ba>[\d.]+)\s+(?P<b2a>[\d.]+)\s+(?P<ca>[\d.]+)\s+(?P<opts>.*)$")
+_FLOW = re.compile(
+    r"^(?P<case>.+?)\s+(?P<batches>\d+)\s+(?P<a>[\d.]+)s\s+(?P<b>[\d.]+)s\s+(?P<b2>[\d.]+)s\s+"
+    r"(?P<c>[\d.]+)s\s+(?P<ba>[\d.]+)\s+(?P<b2a>[\d.]+)\s+(?P<ca>[\d.]+)\s+(?P<opts>.*)$"
+)
 
 
 def flow_rows(output: str) -> list[Row]:
@@ -95,8 +123,13 @@ def flow_rows(output: str) -> list[Row]:
         if not m:
             continue
         case = m["case"].strip()
-        out.append((f"flow per-batch tasks vs direct managed run ({case}, {m['batches']} batches)", m["ba"],
-                    f"{m['b']} s vs {m['a']} s"))
+        out.append(
+            (
+                f"flow per-batch tasks vs direct managed run ({case}, {m['batches']} batches)",
+                m["ba"],
+                f"{m['b']} s vs {m['a']} s",
+            )
+        )
         out.append((f"flow per-batch pipelined vs direct ({case})", m["b2a"], f"{m['b2']} s vs {m['a']} s"))
         out.append((f"flow grouped + pipelined vs direct ({case}; {m['opts']})", m["ca"], f"{m['c']} s vs {m['a']} s"))
     return out
@@ -107,8 +140,13 @@ def plan_rows(output: str) -> list[Row]:
     for line in output.splitlines():
         parts = line.split()
         if len(parts) == 11 and parts[0].isdigit():
-            out.append((f"plan + manifest per record, {int(parts[0]):,} records vs smallest size", parts[9],
-                        f"{parts[4]} s total, {parts[8]} us/record; memory per record x{parts[10]}"))
+            out.append(
+                (
+                    f"plan + manifest per record, {int(parts[0]):,} records vs smallest size",
+                    parts[9],
+                    f"{parts[4]} s total, {parts[8]} us/record; memory per record x{parts[10]}",
+                )
+            )
     return out
 
 
@@ -116,22 +154,44 @@ def chaos_rows(report: dict[str, Any]) -> list[Row]:
     mean, reference = report.get("mean_resume_s"), report.get("mean_reference_s")
     rows: list[Row] = []
     if mean and reference:
-        rows.append(("resume after SIGKILL (new flow run -> first batch from the restored checkpoint) vs an "
-                     "uninterrupted run's wall time", f"{mean / reference:.2f}",
-                     f"{mean:.2f} s (mean of {report.get('resume_samples')}) vs {reference:.2f} s"))
-    rows.append(("chaos: differing bits after kill + resume", str(report.get("differing_bits")),
-                 f"{report.get('killed')} kills of {report.get('kill_points_tried')} tried, {report.get('resumed')} "
-                 f"resumed, histories equal {report.get('histories_equal')}"))
+        rows.append(
+            (
+                "resume after SIGKILL (new flow run -> first batch from the restored checkpoint) vs an "
+                "uninterrupted run's wall time",
+                f"{mean / reference:.2f}",
+                f"{mean:.2f} s (mean of {report.get('resume_samples')}) vs {reference:.2f} s",
+            )
+        )
+    rows.append(
+        (
+            "chaos: differing bits after kill + resume",
+            str(report.get("differing_bits")),
+            f"{report.get('killed')} kills of {report.get('kill_points_tried')} tried, {report.get('resumed')} "
+            f"resumed, histories equal {report.get('histories_equal')}",
+        )
+    )
     for fault in report.get("storage_faults", []):
-        rows.append((f"storage fault: {fault['fault']}", "detected" if fault["detected"] else "NOT detected",
-                     f"continued exactly: {fault['continued_exactly']}; {fault['note']}"))
+        rows.append(
+            (
+                f"storage fault: {fault['fault']}",
+                "detected" if fault["detected"] else "NOT detected",
+                f"continued exactly: {fault['continued_exactly']}; {fault['note']}",
+            )
+        )
     return rows
 
 
 def markdown(command: str, description: str, rows: list[Row], raw: dict[str, str], seconds: float) -> str:
-    lines = ["# Benchmark report", "", f"- command: `{command}`", f"- machine: {description}",
-             f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, total {seconds:.0f} s", "",
-             "| measurement | ratio | detail |", "|---|---:|---|"]
+    lines = [
+        "# Benchmark report",
+        "",
+        f"- command: `{command}`",
+        f"- machine: {description}",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, total {seconds:.0f} s",
+        "",
+        "| measurement | ratio | detail |",
+        "|---|---:|---|",
+    ]
     lines += [f"| {m} | {r} | {d} |" for m, r, d in rows]
     lines += ["", "Ratios are measured side by side in this one run (lower is better; 1.00 = no overhead).", ""]
     for name, output in raw.items():
@@ -143,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run all benchmarks and write one markdown report.")
     parser.add_argument("--out", default=str(BENCH / "REPORT.md"), help="markdown file (default bench/REPORT.md)")
     parser.add_argument("--plan-sizes", default="10000,100000,300000", help="record counts for bench/plan.py")
-    parser.add_argument("--chaos", default="--seed 0",
-                        help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)")
+    parser.add_argument(
+        "--chaos",
+        default="--seed 0",
+        help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,chaos")
     parser.add_argument("--flow-repeat", type=int, default=2, help="runs of each flow variant (minimum kept)")
     parser.add_argument("--device", default="cpu", help="where session.py and flow.py train: cpu or cuda")

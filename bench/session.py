@@ -44,8 +44,18 @@ class _NoSaveTrainer(ExtractorTrainer):
 
 
 def _config(tmp: str, **kw: Any) -> TrainingConfig:
-    base = dict(output_dir=tmp, fp16=False, bf16=False, batch_size=8, gradient_accumulation_steps=2, num_epochs=1,
-                eval_strategy="no", save_best=False, group_by_length=False, seed=1)
+    base = dict(
+        output_dir=tmp,
+        fp16=False,
+        bf16=False,
+        batch_size=8,
+        gradient_accumulation_steps=2,
+        num_epochs=1,
+        eval_strategy="no",
+        save_best=False,
+        group_by_length=False,
+        seed=1,
+    )
     base.update(kw)
     return TrainingConfig(**base)
 
@@ -59,8 +69,9 @@ def native_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], c
     return time.perf_counter() - started
 
 
-def session_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], config: TrainingConfig,
-                tmp: str) -> dict[str, Any]:
+def session_run(
+    arch: str, size: dict[str, int], records: list[dict[str, Any]], config: TrainingConfig, tmp: str
+) -> dict[str, Any]:
     plan = ManagedTrainingPlan(records, config, architecture=arch)
     session = TrainingSession(build_tiny_model(arch, seed=0, **size), config, max_steps=plan.max_steps, device=DEVICE)
     fb, step = [], []
@@ -77,11 +88,22 @@ def session_run(arch: str, size: dict[str, int], records: list[dict[str, Any]], 
     t = time.perf_counter()
     session.forward(plan.batch(0))
     forward = time.perf_counter() - t
-    io = checkpoint_io(session, tmp, lambda: TrainingSession(build_tiny_model(arch, seed=0, **size), config,
-                                                           max_steps=plan.max_steps, device=DEVICE))
+    io = checkpoint_io(
+        session,
+        tmp,
+        lambda: TrainingSession(
+            build_tiny_model(arch, seed=0, **size), config, max_steps=plan.max_steps, device=DEVICE
+        ),
+    )
     session.close()
-    return {"wall": wall, "forward_backward_ms": 1e3 * mean(fb), "optim_step_ms": 1e3 * mean(step),
-            "forward_ms": 1e3 * forward, "micro_batches": plan.batch_count, **io}
+    return {
+        "wall": wall,
+        "forward_backward_ms": 1e3 * mean(fb),
+        "optim_step_ms": 1e3 * mean(step),
+        "forward_ms": 1e3 * forward,
+        "micro_batches": plan.batch_count,
+        **io,
+    }
 
 
 def checkpoint_io(session: TrainingSession, tmp: str, fresh: Any) -> dict[str, float]:
@@ -98,8 +120,13 @@ def checkpoint_io(session: TrainingSession, tmp: str, fresh: Any) -> dict[str, f
     raw_write, raw_read = raw_io(size, tmp)
     shutil.rmtree(target)
     gb = size / 1e9
-    return {"checkpoint_bytes": size, "save_s_per_gb": save / gb, "raw_write_s_per_gb": raw_write / gb,
-            "load_s_per_gb": load / gb, "raw_read_s_per_gb": raw_read / gb}
+    return {
+        "checkpoint_bytes": size,
+        "save_s_per_gb": save / gb,
+        "raw_write_s_per_gb": raw_write / gb,
+        "load_s_per_gb": load / gb,
+        "raw_read_s_per_gb": raw_read / gb,
+    }
 
 
 def raw_io(size: int, tmp: str) -> tuple[float, float]:
@@ -143,22 +170,38 @@ def main() -> None:
                     runs.append(session_run(arch, size, records, config, tmp))
             native = min(natives)
             ours = min(runs, key=lambda r: r["wall"])
-            rows.append({"model": name, "arch": arch, "native_s": native, "session_s": ours["wall"],
-                         "ratio": ours["wall"] / native, **ours})
+            rows.append(
+                {
+                    "model": name,
+                    "arch": arch,
+                    "native_s": native,
+                    "session_s": ours["wall"],
+                    "ratio": ours["wall"] / native,
+                    **ours,
+                }
+            )
     where = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, {'bf16' if args.bf16 else 'fp32'}")
-    print(f"{'model':6} {'arch':9} {'micro':>5} {'native s':>9} {'session s':>9} {'ratio':>6} {'fb ms':>7} "
-          f"{'step ms':>7} {'fwd ms':>7}")
+    print(
+        f"{'model':6} {'arch':9} {'micro':>5} {'native s':>9} {'session s':>9} {'ratio':>6} {'fb ms':>7} "
+        f"{'step ms':>7} {'fwd ms':>7}"
+    )
     for r in rows:
-        print(f"{r['model']:6} {r['arch']:9} {r['micro_batches']:5d} {r['native_s']:9.3f} {r['session_s']:9.3f} "
-              f"{r['ratio']:6.3f} {r['forward_backward_ms']:7.1f} {r['optim_step_ms']:7.1f} {r['forward_ms']:7.1f}")
-    print(f"\n{'model':6} {'arch':9} {'ckpt MB':>8} {'save s/GB':>9} {'raw w s/GB':>10} {'ratio':>6} "
-          f"{'load s/GB':>9} {'raw r s/GB':>10} {'ratio':>6}")
+        print(
+            f"{r['model']:6} {r['arch']:9} {r['micro_batches']:5d} {r['native_s']:9.3f} {r['session_s']:9.3f} "
+            f"{r['ratio']:6.3f} {r['forward_backward_ms']:7.1f} {r['optim_step_ms']:7.1f} {r['forward_ms']:7.1f}"
+        )
+    print(
+        f"\n{'model':6} {'arch':9} {'ckpt MB':>8} {'save s/GB':>9} {'raw w s/GB':>10} {'ratio':>6} "
+        f"{'load s/GB':>9} {'raw r s/GB':>10} {'ratio':>6}"
+    )
     for r in rows:
-        print(f"{r['model']:6} {r['arch']:9} {r['checkpoint_bytes'] / 1e6:8.1f} {r['save_s_per_gb']:9.2f} "
-              f"{r['raw_write_s_per_gb']:10.2f} {r['save_s_per_gb'] / r['raw_write_s_per_gb']:6.2f} "
-              f"{r['load_s_per_gb']:9.2f} {r['raw_read_s_per_gb']:10.2f} "
-              f"{r['load_s_per_gb'] / r['raw_read_s_per_gb']:6.2f}")
+        print(
+            f"{r['model']:6} {r['arch']:9} {r['checkpoint_bytes'] / 1e6:8.1f} {r['save_s_per_gb']:9.2f} "
+            f"{r['raw_write_s_per_gb']:10.2f} {r['save_s_per_gb'] / r['raw_write_s_per_gb']:6.2f} "
+            f"{r['load_s_per_gb']:9.2f} {r['raw_read_s_per_gb']:10.2f} "
+            f"{r['load_s_per_gb'] / r['raw_read_s_per_gb']:6.2f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

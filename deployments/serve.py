@@ -1,7 +1,8 @@
 """Serve the training and retraining flows from this process, without a work pool (`prefect.yaml`'s settings).
 
     python -m prefect_gliner2.deployments.serve                      # Ctrl-C stops serving
-    python -m prefect_gliner2.deployments.serve --parameters overrides.json   # {"retrain-nightly": {"train_data": ...}, ...}
+    python -m prefect_gliner2.deployments.serve --parameters overrides.json
+        # {"retrain-nightly": {"train_data": ...}, ...}
 
 The deployments get the names, tags, parameters, schedules and concurrency limits that ``deployments/prefect.yaml``
 declares, so both ways of running behave the same. Flow runs execute in subprocesses of this process.
@@ -32,8 +33,7 @@ def load_deployment_specs(path: str = PREFECT_FILE) -> list[dict[str, Any]]:
     return specs
 
 
-def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None,
-                      path: str = PREFECT_FILE) -> list[Any]:
+def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None, path: str = PREFECT_FILE) -> list[Any]:
     """One RunnerDeployment per prefect.yaml entry; `parameters[name]` overrides that deployment's defaults."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig
     from prefect.schedules import Cron
@@ -42,20 +42,32 @@ def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None,
     built = []
     for spec in load_deployment_specs(path):
         flow = _load_flow(str(spec["entrypoint"]))
-        schedules = [Cron(item["cron"], timezone=item.get("timezone"), slug=item.get("slug"),
-                          active=item.get("active", True)) for item in spec.get("schedules") or []]
+        schedules = [
+            Cron(item["cron"], timezone=item.get("timezone"), slug=item.get("slug"), active=item.get("active", True))
+            for item in spec.get("schedules") or []
+        ]
         limit = spec.get("concurrency_limit")
-        concurrency = (ConcurrencyLimitConfig(limit=limit["limit"], collision_strategy=limit["collision_strategy"])
-                       if isinstance(limit, dict) else limit)
-        built.append(flow.to_deployment(
-            name=spec["name"], description=spec.get("description"), tags=list(spec.get("tags") or []),
-            parameters={**(spec.get("parameters") or {}), **overrides.pop(spec["name"], {})},
-            schedules=schedules, concurrency_limit=concurrency,
-            enforce_parameter_schema=bool(spec.get("enforce_parameter_schema", True)),
-        ))
+        concurrency = (
+            ConcurrencyLimitConfig(limit=limit["limit"], collision_strategy=limit["collision_strategy"])
+            if isinstance(limit, dict)
+            else limit
+        )
+        built.append(
+            flow.to_deployment(
+                name=spec["name"],
+                description=spec.get("description"),
+                tags=list(spec.get("tags") or []),
+                parameters={**(spec.get("parameters") or {}), **overrides.pop(spec["name"], {})},
+                schedules=schedules,
+                concurrency_limit=concurrency,
+                enforce_parameter_schema=bool(spec.get("enforce_parameter_schema", True)),
+            )
+        )
     if overrides:
-        raise ValueError(f"parameter overrides for unknown deployment(s) {sorted(overrides)}; "
-                         f"{path} declares {[d.name for d in built]}")
+        raise ValueError(
+            f"parameter overrides for unknown deployment(s) {sorted(overrides)}; "
+            f"{path} declares {[d.name for d in built]}"
+        )
     return built
 
 

@@ -44,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect.")
+    parser = argparse.ArgumentParser(
+        prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,plan,demo}")
     train = commands.add_parser("train", help="train (or resume) a run through the Prefect flow")
     _data_arguments(train, config_required=True)
@@ -126,8 +128,10 @@ def _check_storage(storage: str) -> None:
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
-        raise UsageError(f"--storage {storage!r} cannot hold run directories ({probe!r} is not a writable directory); "
-                         "pass a writable directory or fsspec URL")
+        raise UsageError(
+            f"--storage {storage!r} cannot hold run directories ({probe!r} is not a writable directory); "
+            "pass a writable directory or fsspec URL"
+        )
 
 
 def _train(args: Any) -> int:
@@ -143,18 +147,31 @@ def _train(args: Any) -> int:
     bar = ProgressBar(sys.stderr)
     add_listener(bar)
     try:
-        state = train_flow(model=args.model, train_data=_one(train), valid_data=_one(valid), config=TrainingConfigModel.model_validate(config),
-                           run_key=prepared.run_dir.run_key, storage=args.storage, checkpoint_every=args.checkpoint_every,
-                           export_to=args.export_to, batches_per_task=args.batches_per_task,
-                           pipeline_depth=args.pipeline_depth, device=args.device, cpu_threads=args.cpu_threads,
-                           return_state=True)
+        state = train_flow(
+            model=args.model,
+            train_data=_one(train),
+            valid_data=_one(valid),
+            config=TrainingConfigModel.model_validate(config),
+            run_key=prepared.run_dir.run_key,
+            storage=args.storage,
+            checkpoint_every=args.checkpoint_every,
+            export_to=args.export_to,
+            batches_per_task=args.batches_per_task,
+            pipeline_depth=args.pipeline_depth,
+            device=args.device,
+            cpu_threads=args.cpu_threads,
+            return_state=True,
+        )
     finally:
         remove_listener(bar)
         bar.close()
     if not state.is_completed():
         error = state.result(raise_on_failure=False)
-        print(f"prefect-gliner2 train: run {prepared.run_dir.run_key} failed: {error}\n"
-              "fix the cause and run the same command again to resume from the last checkpoint", file=sys.stderr)
+        print(
+            f"prefect-gliner2 train: run {prepared.run_dir.run_key} failed: {error}\n"
+            "fix the cause and run the same command again to resume from the last checkpoint",
+            file=sys.stderr,
+        )
         return 1
     summary = state.result()
     print(json.dumps(summary, indent=1) if args.json else _describe(summary))
@@ -179,12 +196,14 @@ def _plan(args: Any) -> int:
         sys.stdout.write(manifest.decode("utf-8"))
         return 0
     parsed = json.loads(manifest)
-    print(f"plan {plan.fingerprint} ({plan.architecture}): {len(plan.records)} training records, "
-          f"{len(parsed['eval_examples'])} validation records\n"
-          f"  {plan.batch_count} batches over {plan.num_epochs} epoch(s), {plan.max_steps} optimizer updates, "
-          f"{len(parsed['validations'])} validation point(s)\n"
-          f"  manifest content address {parsed['content_address']}"
-          + (f"\n  written to {args.out} (it contains the training data)" if args.out else ""))
+    print(
+        f"plan {plan.fingerprint} ({plan.architecture}): {len(plan.records)} training records, "
+        f"{len(parsed['eval_examples'])} validation records\n"
+        f"  {plan.batch_count} batches over {plan.num_epochs} epoch(s), {plan.max_steps} optimizer updates, "
+        f"{len(parsed['validations'])} validation point(s)\n"
+        f"  manifest content address {parsed['content_address']}"
+        + (f"\n  written to {args.out} (it contains the training data)" if args.out else "")
+    )
     return 0
 
 
@@ -212,7 +231,9 @@ class ProgressBar:
             self.loss = data.get("loss", self.loss)
             self._draw(data, final=False)
         elif kind == "validation" and data.get("metrics"):
-            self._line(f"validation at step {data['metrics'].get('step')}: eval_loss {data['metrics'].get('eval_loss'):.6g}")
+            self._line(
+                f"validation at step {data['metrics'].get('step')}: eval_loss {data['metrics'].get('eval_loss'):.6g}"
+            )
         elif kind == "checkpoint" and data.get("committed"):
             self._line(f"checkpoint {data.get('name')} committed")
 
@@ -221,8 +242,10 @@ class ProgressBar:
         done = min(int(data["cursor"]), total)
         filled = self.WIDTH * done // total
         loss = f" · loss {self.loss:.4g}" if isinstance(self.loss, float) else ""
-        text = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] batch {done}/{total} · step {data['step']}/"
-                f"{data['max_steps']} · epoch {data['epoch'] + 1}/{data['num_epochs']}{loss}")
+        text = (
+            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] batch {done}/{total} · step {data['step']}/"
+            f"{data['max_steps']} · epoch {data['epoch'] + 1}/{data['num_epochs']}{loss}"
+        )
         self.last = text
         if self.tty:
             self.stream.write("\r" + text + "\x1b[K")
@@ -251,7 +274,9 @@ def _describe(summary: dict[str, Any]) -> str:
         f"  run directory: {summary.get('run_dir')}",
     ]
     if summary.get("flow_run_id"):
-        lines.append(f"  Prefect flow run: {summary['flow_run_id']} (prefect flow-run inspect {summary['flow_run_id']})")
+        lines.append(
+            f"  Prefect flow run: {summary['flow_run_id']} (prefect flow-run inspect {summary['flow_run_id']})"
+        )
     return "\n".join(lines)
 
 

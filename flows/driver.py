@@ -39,15 +39,25 @@ def run_unit(run_key: str, unit: Unit) -> dict[str, Any]:
     return checkpoint(run_key, unit.through, unit.step)
 
 
-def drive(run: LiveRun, start: int, *, batches_per_task: int, checkpoint_every: int, pipeline_depth: int,
-          validate_runs: bool, reporter: RunReporter, then: tuple[str, dict[str, Any]] | None = None) -> DriveResult:
+def drive(
+    run: LiveRun,
+    start: int,
+    *,
+    batches_per_task: int,
+    checkpoint_every: int,
+    pipeline_depth: int,
+    validate_runs: bool,
+    reporter: RunReporter,
+    then: tuple[str, dict[str, Any]] | None = None,
+) -> DriveResult:
     """Run every unit from batch `start` to the end of the plan (or to early stopping).
 
     `then` is the worker operation that follows the last unit (the export); when pipelining, it is sent ahead too.
     """
     plan = run.plan
-    source = units(plan, start, batches_per_task=batches_per_task, checkpoint_every=checkpoint_every,
-                   validate=validate_runs)
+    source = units(
+        plan, start, batches_per_task=batches_per_task, checkpoint_every=checkpoint_every, validate=validate_runs
+    )
     pending: deque[Unit] = deque()
     sent: dict[Unit, str] = {}
     outcome = DriveResult()

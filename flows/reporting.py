@@ -23,7 +23,15 @@ __all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener"]
 logger = logging.getLogger(__name__)
 Listener = Callable[[str, dict[str, Any]], None]
 _LISTENERS: list[Listener] = []
-_TABLE_KEYS = ("step", "epoch", "batch", "eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")
+_TABLE_KEYS = (
+    "step",
+    "epoch",
+    "batch",
+    "eval_loss",
+    "eval_classification_loss",
+    "eval_structure_loss",
+    "eval_count_loss",
+)
 
 
 def add_listener(listener: Listener) -> None:
@@ -50,8 +58,9 @@ class _Lane:
         self.abandoned = False
         self.jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
         context = contextvars.copy_context()
-        self.thread: threading.Thread | None = threading.Thread(target=context.run, args=(self._serve,), name=name,
-                                                                daemon=True)
+        self.thread: threading.Thread | None = threading.Thread(
+            target=context.run, args=(self._serve,), name=name, daemon=True
+        )
         self.thread.start()
 
     def submit(self, job: Callable[[], Any]) -> None:
@@ -155,8 +164,12 @@ class RunReporter:
         return self.plan.epoch(min(cursor, self.plan.batch_count - 1)) if self.plan.batch_count else 0
 
     def _position(self) -> dict[str, Any]:
-        return {**self.state, "batch_count": self.plan.batch_count, "max_steps": self.plan.max_steps,
-                "num_epochs": self.plan.num_epochs}
+        return {
+            **self.state,
+            "batch_count": self.plan.batch_count,
+            "max_steps": self.plan.max_steps,
+            "num_epochs": self.plan.num_epochs,
+        }
 
     def _emit(self, kind: str, data: dict[str, Any]) -> None:
         for listener in list(_LISTENERS):
@@ -191,11 +204,16 @@ class RunReporter:
         self._push_queued = False
         s, p, final = dict(self.state), self.plan, self._final
         percent = 100.0 if final else round(100.0 * s["cursor"] / max(p.batch_count, 1), 2)
-        where = f"epoch {s['epoch'] + 1}/{p.num_epochs} · batch {s['cursor']}/{p.batch_count} · step {s['step']}/{p.max_steps}"
+        where = (
+            f"epoch {s['epoch'] + 1}/{p.num_epochs} · batch {s['cursor']}/{p.batch_count} · "
+            f"step {s['step']}/{p.max_steps}"
+        )
         if self._artifact_id is not None:
             update_progress_artifact(self._artifact_id, percent, description=f"{self.run_key}: {where}")
         with get_client(sync_client=True) as client:
-            client.update_flow_run(UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else ""))
+            client.update_flow_run(
+                UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
+            )
 
     def _labels_now(self) -> None:
         from prefect.client.orchestration import get_client
@@ -203,29 +221,39 @@ class RunReporter:
         self._labels_queued = False
         s = dict(self.state)
         with get_client(sync_client=True) as client:
-            client.update_flow_run_labels(UUID(str(self.flow_run_id)), {
-                "prefect-gliner2.run-key": self.run_key, "prefect-gliner2.epoch": s["epoch"] + 1,
-                "prefect-gliner2.batch": s["cursor"], "prefect-gliner2.step": s["step"],
-            })
+            client.update_flow_run_labels(
+                UUID(str(self.flow_run_id)),
+                {
+                    "prefect-gliner2.run-key": self.run_key,
+                    "prefect-gliner2.epoch": s["epoch"] + 1,
+                    "prefect-gliner2.batch": s["cursor"],
+                    "prefect-gliner2.step": s["step"],
+                },
+            )
 
     def _create_progress(self) -> None:
         from prefect.artifacts import create_progress_artifact
 
         percent = round(100.0 * self.state["cursor"] / max(self.plan.batch_count, 1), 2)
-        self._artifact_id = create_progress_artifact(percent, key=artifact_key(self.run_key, "progress"),
-                                                     description=f"training progress of {self.run_key}")
+        self._artifact_id = create_progress_artifact(
+            percent, key=artifact_key(self.run_key, "progress"), description=f"training progress of {self.run_key}"
+        )
 
     def _table(self, rows: list[dict[str, Any]]) -> None:
         from prefect.artifacts import create_table_artifact
 
-        create_table_artifact(rows, key=artifact_key(self.run_key, "validation"),
-                              description=f"validation history of {self.run_key}")
+        create_table_artifact(
+            rows, key=artifact_key(self.run_key, "validation"), description=f"validation history of {self.run_key}"
+        )
 
     def _markdown(self, summary: dict[str, Any], validations: list[dict[str, Any]]) -> None:
         from prefect.artifacts import create_markdown_artifact
 
-        create_markdown_artifact(summary_markdown(self.run_key, summary, validations),
-                                 key=artifact_key(self.run_key, "summary"), description=f"summary of {self.run_key}")
+        create_markdown_artifact(
+            summary_markdown(self.run_key, summary, validations),
+            key=artifact_key(self.run_key, "summary"),
+            description=f"summary of {self.run_key}",
+        )
 
 
 def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[dict[str, Any]]) -> str:

@@ -70,8 +70,9 @@ def decide(candidate: float, current: float | None, *, greater_is_better: bool, 
     better = candidate > current + margin if greater_is_better else candidate < current - margin
     relation = "above" if greater_is_better else "below"
     verdict = "is" if better else "is not"
-    return better, (f"candidate {candidate:.6g} {verdict} more than {margin:g} {relation} the current model's "
-                    f"{current:.6g}")
+    return better, (
+        f"candidate {candidate:.6g} {verdict} more than {margin:g} {relation} the current model's {current:.6g}"
+    )
 
 
 @flow(name="gliner2-retrain", persist_result=False)
@@ -122,44 +123,83 @@ def retrain_flow(
 
     run_key = retrain_run_key(model_name, inputs, current)
     changed = "dataset" if latest is None or latest.lineage.get("data_fingerprint") != fingerprint else "settings"
-    logger.info("new %s for %s (dataset %s): training candidate run %s from %s", changed, model_name, fingerprint[:12],
-                run_key, current.version if current is not None else base_model)
-    summary = train_flow(model=base_model, train_data=train_data, valid_data=valid_data, config=config,
-                         run_key=run_key, storage=storage or default_storage(), checkpoint_every=checkpoint_every,
-                         cpu_threads=cpu_threads, device=device,
-                         init_weights=current.uri if current is not None else None)
+    logger.info(
+        "new %s for %s (dataset %s): training candidate run %s from %s",
+        changed,
+        model_name,
+        fingerprint[:12],
+        run_key,
+        current.version if current is not None else base_model,
+    )
+    summary = train_flow(
+        model=base_model,
+        train_data=train_data,
+        valid_data=valid_data,
+        config=config,
+        run_key=run_key,
+        storage=storage or default_storage(),
+        checkpoint_every=checkpoint_every,
+        cpu_threads=cpu_threads,
+        device=device,
+        init_weights=current.uri if current is not None else None,
+    )
     models = {"candidate": str(summary["export"])}
     if current is not None:
         models["current"] = current.uri
-    scores = evaluate_models(models, base_model, valid_data, training.to_dict(), cpu_threads=cpu_threads or 1,
-                             device=device)
-    promote, reason = decide(scores["candidate"][metric], scores["current"][metric] if current is not None else None,
-                             greater_is_better=greater_is_better, margin=margin)
+    scores = evaluate_models(
+        models, base_model, valid_data, training.to_dict(), cpu_threads=cpu_threads or 1, device=device
+    )
+    promote, reason = decide(
+        scores["candidate"][metric],
+        scores["current"][metric] if current is not None else None,
+        greater_is_better=greater_is_better,
+        margin=margin,
+    )
     lineage = {
-        **data, "inputs_fingerprint": inputs, "model_name": model_name, "base_model": base_model,
+        **data,
+        "inputs_fingerprint": inputs,
+        "model_name": model_name,
+        "base_model": base_model,
         "base_model_hash": scores["candidate"]["base_model_hash"],
         "weights_sha256": scores["candidate"]["weights_sha256"],
         "init_weights": current.version if current is not None else None,
-        "manifest_fingerprint": summary["content_address"], "plan_fingerprint": summary["fingerprint"],
-        "run_key": run_key, "flow_run_id": _flow_run_id(), "config": training.to_dict(),
-        "metric": metric, "greater_is_better": greater_is_better, "margin": margin,
+        "manifest_fingerprint": summary["content_address"],
+        "plan_fingerprint": summary["fingerprint"],
+        "run_key": run_key,
+        "flow_run_id": _flow_run_id(),
+        "config": training.to_dict(),
+        "metric": metric,
+        "greater_is_better": greater_is_better,
+        "margin": margin,
         "metrics": {label: _metrics(values) for label, values in scores.items()},
         "training": {k: summary.get(k) for k in ("total_steps", "best_metric", "best_step", "label")},
-        "promoted": promote, "reason": reason,
+        "promoted": promote,
+        "reason": reason,
     }
     version = registry.register(str(summary["export"]), lineage)  # lineage first: a crash never loses the decision
     if promote:
         registry.promote(version.version)
         _emit_promotion(model_name, version, current, lineage)
     now_current = version if promote else current
-    outcome = {"status": "promoted" if promote else "rejected", "model_name": model_name, "version": version.version,
-               "uri": version.uri, "current": now_current.version if now_current is not None else None,
-               "previous": current.version if current is not None else None, "reason": reason,
-               "data_fingerprint": fingerprint, "run_key": run_key, "metrics": lineage["metrics"]}
+    outcome = {
+        "status": "promoted" if promote else "rejected",
+        "model_name": model_name,
+        "version": version.version,
+        "uri": version.uri,
+        "current": now_current.version if now_current is not None else None,
+        "previous": current.version if current is not None else None,
+        "reason": reason,
+        "data_fingerprint": fingerprint,
+        "run_key": run_key,
+        "metrics": lineage["metrics"],
+    }
     _report(outcome, metric)
     logger.info("%s %s: %s", model_name, version.version, reason)
-    message = (f"promoted {model_name} {version.version}" if promote else
-               f"registered {model_name} {version.version} without promoting it") + f": {reason}"
+    message = (
+        f"promoted {model_name} {version.version}"
+        if promote
+        else f"registered {model_name} {version.version} without promoting it"
+    ) + f": {reason}"
     return Completed(message=message, data=outcome)
 
 
@@ -172,16 +212,26 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
         _emit_promotion(registry.name, latest, current, latest.lineage)
         current, status = latest, "promoted"
         logger.info("completed the interrupted promotion of %s %s", registry.name, latest.version)
-    message = (f"nothing to do: {registry.name} {latest.version} was already trained on dataset {fingerprint[:12]} "
-               f"with these settings; current version {current.version if current is not None else None}")
+    message = (
+        f"nothing to do: {registry.name} {latest.version} was already trained on dataset {fingerprint[:12]} "
+        f"with these settings; current version {current.version if current is not None else None}"
+    )
     logger.info(message)
-    outcome = {"status": status, "model_name": registry.name, "version": latest.version,
-               "current": current.version if current is not None else None, "data_fingerprint": fingerprint,
-               "reason": message}
-    create_markdown_artifact(key=_artifact_key(registry.name, "retrain"), markdown=f"## Retraining {registry.name}\n\n"
-                             f"Nothing to do: the dataset (`{fingerprint[:16]}`), settings and base model are the "
-                             f"ones {latest.version} was trained with. Current version: {outcome['current']}.\n",
-                             description=message)
+    outcome = {
+        "status": status,
+        "model_name": registry.name,
+        "version": latest.version,
+        "current": current.version if current is not None else None,
+        "data_fingerprint": fingerprint,
+        "reason": message,
+    }
+    create_markdown_artifact(
+        key=_artifact_key(registry.name, "retrain"),
+        markdown=f"## Retraining {registry.name}\n\n"
+        f"Nothing to do: the dataset (`{fingerprint[:16]}`), settings and base model are the "
+        f"ones {latest.version} was trained with. Current version: {outcome['current']}.\n",
+        description=message,
+    )
     return Completed(message=message, data=outcome)
 
 
@@ -192,31 +242,50 @@ def _metrics(values: dict[str, Any]) -> dict[str, Any]:
 def _emit_promotion(name: str, version: ModelVersion, previous: ModelVersion | None, lineage: dict[str, Any]) -> None:
     emit_event(
         event=f"{EVENT_PREFIX}.promoted",
-        resource={"prefect.resource.id": f"{EVENT_PREFIX}.{name}", "prefect.resource.name": name,
-                  "version": version.version},
-        payload={"version": version.version, "uri": version.uri,
-                 "previous": previous.version if previous is not None else None,
-                 "data_fingerprint": lineage.get("data_fingerprint"), "metrics": lineage.get("metrics"),
-                 "run_key": lineage.get("run_key")},
+        resource={
+            "prefect.resource.id": f"{EVENT_PREFIX}.{name}",
+            "prefect.resource.name": name,
+            "version": version.version,
+        },
+        payload={
+            "version": version.version,
+            "uri": version.uri,
+            "previous": previous.version if previous is not None else None,
+            "data_fingerprint": lineage.get("data_fingerprint"),
+            "metrics": lineage.get("metrics"),
+            "run_key": lineage.get("run_key"),
+        },
     )
 
 
 def _report(outcome: dict[str, Any], metric: str) -> None:
     name, metrics = outcome["model_name"], outcome["metrics"]
     candidate, current = metrics["candidate"], metrics.get("current", {})
-    rows = [{"metric": key, "candidate": candidate.get(key), "current": current.get(key),
-             "difference": (candidate[key] - current[key]) if key in current else None} for key in EVAL_KEYS]
-    create_table_artifact(key=_artifact_key(name, "comparison"), table=rows,
-                          description=f"{name}: candidate {outcome['version']} vs current {outcome['previous']}")
+    rows = [
+        {
+            "metric": key,
+            "candidate": candidate.get(key),
+            "current": current.get(key),
+            "difference": (candidate[key] - current[key]) if key in current else None,
+        }
+        for key in EVAL_KEYS
+    ]
+    create_table_artifact(
+        key=_artifact_key(name, "comparison"),
+        table=rows,
+        description=f"{name}: candidate {outcome['version']} vs current {outcome['previous']}",
+    )
     decision = "promoted" if outcome["status"] == "promoted" else "not promoted"
     create_markdown_artifact(
         key=_artifact_key(name, "retrain"),
-        markdown=(f"## Retraining {name}: {outcome['version']} {decision}\n\n{outcome['reason']} ({metric}).\n\n"
-                  f"| | version | {metric} |\n|---|---|---|\n"
-                  f"| candidate | {outcome['version']} | {candidate.get(metric)} |\n"
-                  f"| current | {outcome['previous']} | {current.get(metric)} |\n\n"
-                  f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
-                  f"`{outcome['data_fingerprint'][:16]}`.\n"),
+        markdown=(
+            f"## Retraining {name}: {outcome['version']} {decision}\n\n{outcome['reason']} ({metric}).\n\n"
+            f"| | version | {metric} |\n|---|---|---|\n"
+            f"| candidate | {outcome['version']} | {candidate.get(metric)} |\n"
+            f"| current | {outcome['previous']} | {current.get(metric)} |\n\n"
+            f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
+            f"`{outcome['data_fingerprint'][:16]}`.\n"
+        ),
         description=f"{name} retraining decision",
     )
 

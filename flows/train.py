@@ -131,8 +131,14 @@ class PreparedRun:
     model: str
 
 
-def prepare_run(model: str, train_data: Any, valid_data: Any, config: TrainingConfig | None,
-                run_key: str | None, storage: str | None) -> PreparedRun:
+def prepare_run(
+    model: str,
+    train_data: Any,
+    valid_data: Any,
+    config: TrainingConfig | None,
+    run_key: str | None,
+    storage: str | None,
+) -> PreparedRun:
     """Plan the run (or load its manifest when no training data is given) and locate its run directory."""
     if run_key is not None:
         validate_run_key(run_key)
@@ -143,11 +149,15 @@ def prepare_run(model: str, train_data: Any, valid_data: Any, config: TrainingCo
             raise ConfigError("train_data is required for a new run; to resume without it, pass the run_key")
         run_dir = RunDirectory(storage, run_key)
         if not run_dir.exists("manifest.json"):
-            raise ConfigError(f"run key {run_key!r} has no manifest at {run_dir.uri}; pass train_data and config to start it")
+            raise ConfigError(
+                f"run key {run_key!r} has no manifest at {run_dir.uri}; pass train_data and config to start it"
+            )
         loaded = load_manifest(run_dir.manifest_uri)
         if config is not None and config.to_dict() != loaded.plan.config.to_dict():
-            raise RunConflictError(f"run key {run_key!r} was planned with a different config; omit config to resume "
-                                   "with the recorded one, or use a new run key")
+            raise RunConflictError(
+                f"run key {run_key!r} was planned with a different config; omit config to resume "
+                "with the recorded one, or use a new run key"
+            )
         return PreparedRun(run_dir, loaded.plan, None, loaded.content_address, len(loaded.eval_records) > 0, model)
     if config is None:
         raise ConfigError("config is required for a new run: pass TrainingConfig fields (at least fp16 and bf16)")
@@ -155,7 +165,9 @@ def prepare_run(model: str, train_data: Any, valid_data: Any, config: TrainingCo
         plan = ManagedTrainingPlan(train_data, config, architecture=architecture)
         manifest = plan.manifest_bytes(valid_data)
     except FileNotFoundError as exc:
-        raise ConfigError(f"data file {exc.filename or exc} does not exist; pass JSONL path(s) or URL(s) that exist") from None
+        raise ConfigError(
+            f"data file {exc.filename or exc} does not exist; pass JSONL path(s) or URL(s) that exist"
+        ) from None
     parsed = json.loads(manifest)
     address = str(parsed["content_address"])
     key = run_key if run_key is not None else f"{architecture}-{address[:16]}"
@@ -171,8 +183,13 @@ def _close_workers(flow: Any, flow_run: Any, state: Any) -> None:
     live_runs.close_for_flow_run(str(flow_run.id))
 
 
-@flow(name="gliner2-train", persist_result=False, on_failure=[_close_workers], on_crashed=[_close_workers],
-      on_cancellation=[_close_workers])
+@flow(
+    name="gliner2-train",
+    persist_result=False,
+    on_failure=[_close_workers],
+    on_crashed=[_close_workers],
+    on_cancellation=[_close_workers],
+)
 def train_flow(
     model: str,
     train_data: str | list[str] | None = None,
@@ -209,8 +226,9 @@ def train_flow(
             Recorded with the run: a resume must pass the same value.
     """
     logger = get_run_logger()
-    prepared = prepare_run(model, train_data, valid_data, config.to_training_config() if config else None,
-                           run_key, storage)
+    prepared = prepare_run(
+        model, train_data, valid_data, config.to_training_config() if config else None, run_key, storage
+    )
     if init_weights is not None:
         _check_init_weights(init_weights)
     run_dir = prepared.run_dir
@@ -222,16 +240,36 @@ def train_flow(
     try:
         export_uri = export_to or run_dir.default_export_uri
         done = _completed(run_dir, export_uri)
-        live = _open(prepared, lease, flow_run_id, device, cpu_threads, prewarm=done is None, export_uri=export_uri,
-                     init_weights=init_weights)
-        logger.info("run %s at %s: %d batches, %d updates, plan %s", run_dir.run_key, run_dir.uri,
-                    prepared.plan.batch_count, prepared.plan.max_steps, prepared.plan.fingerprint[:12])
+        live = _open(
+            prepared,
+            lease,
+            flow_run_id,
+            device,
+            cpu_threads,
+            prewarm=done is None,
+            export_uri=export_uri,
+            init_weights=init_weights,
+        )
+        logger.info(
+            "run %s at %s: %d batches, %d updates, plan %s",
+            run_dir.run_key,
+            run_dir.uri,
+            prepared.plan.batch_count,
+            prepared.plan.max_steps,
+            prepared.plan.fingerprint[:12],
+        )
         if done is not None:
             logger.info("run %s is complete; its model is at %s", run_dir.run_key, export_uri)
             succeeded = True
             return {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id}
-        summary = _train(live, prepared, checkpoint_every=checkpoint_every, export_uri=export_uri,
-                         batches_per_task=batches_per_task, pipeline_depth=pipeline_depth)
+        summary = _train(
+            live,
+            prepared,
+            checkpoint_every=checkpoint_every,
+            export_uri=export_uri,
+            batches_per_task=batches_per_task,
+            pipeline_depth=pipeline_depth,
+        )
         succeeded = True
         return summary
     except BaseException as exc:
@@ -247,8 +285,17 @@ def train_flow(
         lease.release()
 
 
-def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, device: str | None,
-          cpu_threads: int | None, *, prewarm: bool, export_uri: str, init_weights: str | None = None) -> LiveRun:
+def _open(
+    prepared: PreparedRun,
+    lease: RunLease,
+    flow_run_id: str | None,
+    device: str | None,
+    cpu_threads: int | None,
+    *,
+    prewarm: bool,
+    export_uri: str,
+    init_weights: str | None = None,
+) -> LiveRun:
     """Inside the lease: clean debris, write/check the manifest and settings, start (or reuse) the worker."""
     run_dir = prepared.run_dir
     logger = get_run_logger()
@@ -260,18 +307,34 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
     damaged = run_dir.recover_damaged_restore_point(prepared.plan.epoch)
     if damaged:
         restore = run_dir.read_cursor()
-        logger.warning("checkpoint %s is damaged: moved aside as .damaged-%s-*; continuing from the previous intact "
-                       "checkpoint %s (batch %s)", damaged, damaged, restore.checkpoint if restore else None,
-                       restore.cursor if restore else None)
+        logger.warning(
+            "checkpoint %s is damaged: moved aside as .damaged-%s-*; continuing from the previous intact "
+            "checkpoint %s (batch %s)",
+            damaged,
+            damaged,
+            restore.checkpoint if restore else None,
+            restore.cursor if restore else None,
+        )
     recorded = run_dir.read_run_info() or {}
     threads = cpu_threads or recorded.get("cpu_threads") or default_cpu_threads()
-    run_dir.ensure_run_info({"model": prepared.model, "device": device or "auto", "cpu_threads": threads,
-                             "init_weights": init_weights})
-    spec = WorkerSpec(model=prepared.model, manifest_uri=run_dir.manifest_uri, cpu_threads=threads, device=device,
-                      init_weights=init_weights)
+    run_dir.ensure_run_info(
+        {"model": prepared.model, "device": device or "auto", "cpu_threads": threads, "init_weights": init_weights}
+    )
+    spec = WorkerSpec(
+        model=prepared.model,
+        manifest_uri=run_dir.manifest_uri,
+        cpu_threads=threads,
+        device=device,
+        init_weights=init_weights,
+    )
     existing = live_runs.lookup(run_dir.run_key)
-    if (existing is not None and existing.flow_run_id == flow_run_id and existing.worker.alive
-            and existing.worker.spec == spec and existing.content_address == prepared.content_address):
+    if (
+        existing is not None
+        and existing.flow_run_id == flow_run_id
+        and existing.worker.alive
+        and existing.worker.spec == spec
+        and existing.content_address == prepared.content_address
+    ):
         worker = existing.worker
         logger.info("reusing the live session worker (pid %s) of the previous attempt", worker.pid)
     else:
@@ -279,8 +342,16 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
         worker = SessionWorker(spec, restore_locator=run_dir.newest_checkpoint_uri, name=f"gliner2-{run_dir.run_key}")
         if prewarm:
             worker.start()  # the child imports torch and restores while the flow sets up
-    live = LiveRun(run_dir.run_key, run_dir, prepared.plan.fingerprint, prepared.content_address, worker, lease,
-                   flow_run_id, prepared.plan)
+    live = LiveRun(
+        run_dir.run_key,
+        run_dir,
+        prepared.plan.fingerprint,
+        prepared.content_address,
+        worker,
+        lease,
+        flow_run_id,
+        prepared.plan,
+    )
     live_runs.register(live)
     return live
 
@@ -288,8 +359,9 @@ def _open(prepared: PreparedRun, lease: RunLease, flow_run_id: str | None, devic
 def _check_init_weights(uri: str) -> None:
     fs, path = fsspec.core.url_to_fs(uri)
     if not fs.isdir(path):
-        raise ConfigError(f"init_weights {uri!r} is not a directory; pass a model, adapter, export or checkpoint "
-                          "directory")
+        raise ConfigError(
+            f"init_weights {uri!r} is not a directory; pass a model, adapter, export or checkpoint directory"
+        )
 
 
 def _completed(run_dir: RunDirectory, export_uri: str) -> dict[str, Any] | None:
@@ -301,23 +373,43 @@ def _completed(run_dir: RunDirectory, export_uri: str) -> dict[str, Any] | None:
     return dict(cursor.summary) if fs.exists(f"{path.rstrip('/')}/export.json") else None
 
 
-def _train(live: LiveRun, prepared: PreparedRun, *, checkpoint_every: int, export_uri: str,
-           batches_per_task: int, pipeline_depth: int) -> dict[str, Any]:
+def _train(
+    live: LiveRun,
+    prepared: PreparedRun,
+    *,
+    checkpoint_every: int,
+    export_uri: str,
+    batches_per_task: int,
+    pipeline_depth: int,
+) -> dict[str, Any]:
     logger = get_run_logger()
     run_dir, plan = live.run_dir, prepared.plan
     cursor = run_dir.read_cursor()
     start = cursor.cursor if cursor is not None else 0
     if cursor is not None:
-        logger.info("resuming run %s from checkpoint %s (batch %d of %d, step %d)", live.run_key, cursor.checkpoint,
-                    start, plan.batch_count, cursor.step)
+        logger.info(
+            "resuming run %s from checkpoint %s (batch %d of %d, step %d)",
+            live.run_key,
+            cursor.checkpoint,
+            start,
+            plan.batch_count,
+            cursor.step,
+        )
     reporter = RunReporter(live.run_key, plan, flow_run_id=live.flow_run_id)
     try:
         reporter.start(start, cursor.step if cursor else 0)
         outcome = DriveResult()
         if cursor is None or not cursor.finished:
-            outcome = drive(live, start, batches_per_task=batches_per_task, checkpoint_every=checkpoint_every,
-                            pipeline_depth=pipeline_depth, validate_runs=prepared.has_validation, reporter=reporter,
-                            then=("export", {"uri": export_uri, "which": "best"}))
+            outcome = drive(
+                live,
+                start,
+                batches_per_task=batches_per_task,
+                checkpoint_every=checkpoint_every,
+                pipeline_depth=pipeline_depth,
+                validate_runs=prepared.has_validation,
+                reporter=reporter,
+                then=("export", {"uri": export_uri, "which": "best"}),
+            )
         info = export_model(live.run_key, export_uri, "best")
         final = run_dir.read_cursor()
         summary = _summary(live, info, final, start, outcome)

@@ -98,7 +98,9 @@ class ModelRegistry:
         try:
             data = json.loads(self.fs.cat_file(pointer))
         except ValueError as exc:
-            raise RegistryError(f"{self.name}'s {POINTER_FILE} is not valid JSON ({exc}); promote a version again") from exc
+            raise RegistryError(
+                f"{self.name}'s {POINTER_FILE} is not valid JSON ({exc}); promote a version again"
+            ) from exc
         return self.get(data["version"])
 
     # ---- writing ---------------------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class ModelRegistry:
         version = self._claim_next()
         target = f"{self.path}/versions/{version}"
         for entry in src_fs.find(src_path.rstrip("/")):
-            relative = entry[len(src_path.rstrip("/")) + 1:]
+            relative = entry[len(src_path.rstrip("/")) + 1 :]
             parent = f"{target}/{relative}".rsplit("/", 1)[0]
             self.fs.makedirs(parent, exist_ok=True)
             with src_fs.open(entry, "rb") as reader, self.fs.open(f"{target}/{relative}", "wb") as writer:
@@ -124,8 +126,11 @@ class ModelRegistry:
         """Point CURRENT at `version` (also how a rollback is done)."""
         chosen = self.get(version)
         previous = self.current()
-        pointer = {"version": chosen.version, "previous": previous.version if previous else None,
-                   "updated_at": time.time()}
+        pointer = {
+            "version": chosen.version,
+            "previous": previous.version if previous else None,
+            "updated_at": time.time(),
+        }
         self.fs.makedirs(self.path, exist_ok=True)
         self._write_atomic(f"{self.path}/{POINTER_FILE}", json.dumps(pointer, sort_keys=True).encode())
         return chosen
@@ -133,8 +138,11 @@ class ModelRegistry:
     def _claim_next(self) -> str:
         folder = f"{self.path}/versions"
         self.fs.makedirs(folder, exist_ok=True)
-        taken = [int(m.group(1)) for e in self.fs.ls(folder, detail=False)
-                 if (m := _VERSION.match(e.rstrip("/").rsplit("/", 1)[-1]))]
+        taken = [
+            int(m.group(1))
+            for e in self.fs.ls(folder, detail=False)
+            if (m := _VERSION.match(e.rstrip("/").rsplit("/", 1)[-1]))
+        ]
         number = max(taken, default=0) + 1
         while True:
             version = f"v{number:06d}"

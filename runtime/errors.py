@@ -4,7 +4,8 @@
     ├── WorkerDied                 the session worker process vanished (kill, OOM, segfault): transient
     └── WorkerError                an unexpected (non-session_core) exception inside the worker: transient
     prefect_gliner2.session_core.SessionCoreError  deterministic, never retried; the Prefect layer adds:
-    ├── StorageFullError (OSError)             a write failed with ENOSPC, EFBIG, EDQUOT or EROFS (here or in the worker)
+    ├── StorageFullError (OSError)             a write failed with ENOSPC, EFBIG, EDQUOT or EROFS
+    │                                          (here or in the worker)
     ├── RunKeyError (ConfigError)              a run key that is not a safe directory name
     ├── RunConflictError (PlanMismatchError)   a different manifest / settings under an existing run key
     └── RunLockedError (SessionCoreError, RuntimeError)  another live run holds the run key's lease
@@ -93,11 +94,16 @@ def permanent_storage_errno(exc: BaseException | None) -> int | None:
 
 def storage_full_error(code: int, detail: str) -> StorageFullError:
     """The error a flow reports for a permanent storage failure, saying what to do."""
-    return StorageFullError(code, (
-        f"a write failed with {errno.errorcode.get(code, code)} ({detail}): the storage is full, over a file-size or "
-        "quota limit, or read-only, so retrying would fail again. Nothing committed was lost: free space (or raise "
-        "the limit, or make the storage writable) and run the same run key again; it continues exactly from the "
-        "newest committed checkpoint"))
+    return StorageFullError(
+        code,
+        (
+            f"a write failed with {errno.errorcode.get(code, code)} ({detail}): the storage is full, "
+            "over a file-size or "
+            "quota limit, or read-only, so retrying would fail again. Nothing committed was lost: free space (or raise "
+            "the limit, or make the storage writable) and run the same run key again; it continues exactly from the "
+            "newest committed checkpoint"
+        ),
+    )
 
 
 def is_transient(exc: BaseException | None) -> bool:

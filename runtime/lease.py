@@ -34,8 +34,12 @@ class RunLease:
     def __init__(self, run_dir: RunDirectory, *, flow_run_id: str | None = None, ttl: float = 60.0) -> None:
         self.run_dir = run_dir
         self.ttl = ttl
-        self.owner = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
-                      "flow_run_id": flow_run_id}
+        self.owner = {
+            "owner": uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "flow_run_id": flow_run_id,
+        }
         self._fd: int | None = None
         self._stop = threading.Event()
         self._lost: str | None = None
@@ -133,8 +137,10 @@ class RunLease:
         """Renew the record; False (and the lease marked lost) when someone else holds it now."""
         record = self._read_record()
         if record is not None and record.get("owner") != self.owner["owner"]:
-            self._lost = (f"the lease on run key {self.run_dir.run_key!r} was taken over by "
-                          f"{_describe(json.dumps(record).encode())}; this run stops without committing more")
+            self._lost = (
+                f"the lease on run key {self.run_dir.run_key!r} was taken over by "
+                f"{_describe(json.dumps(record).encode())}; this run stops without committing more"
+            )
             return False
         try:
             self._write_record()

@@ -47,7 +47,9 @@ def parse_tiny(source: str) -> tuple[str, int, int] | None:
 def check_model_source(source: str) -> None:
     """Refuse a model argument that is neither a tiny model, an existing directory nor a Hugging Face id."""
     if not isinstance(source, str) or not source.strip():
-        raise ConfigError("model must be a local model directory, a Hugging Face model id or 'tiny:span'/'tiny:boundary'")
+        raise ConfigError(
+            "model must be a local model directory, a Hugging Face model id or 'tiny:span'/'tiny:boundary'"
+        )
     if parse_tiny(source) is not None or os.path.isdir(os.path.expanduser(source)):
         return
     if os.path.exists(os.path.expanduser(source)) or source.startswith((".", "/", "~")) or not _HF_ID.match(source):
@@ -67,7 +69,9 @@ def model_architecture(source: str) -> str:
     if os.path.isdir(path):
         config_path = os.path.join(path, "config.json")
         if not os.path.isfile(config_path):
-            raise ConfigError(f"model directory {source!r} has no config.json; pass a directory written by save_pretrained")
+            raise ConfigError(
+                f"model directory {source!r} has no config.json; pass a directory written by save_pretrained"
+            )
         with open(config_path, encoding="utf-8") as handle:
             return _architecture(json.load(handle), source)
     try:
@@ -85,7 +89,9 @@ def model_architecture(source: str) -> str:
 def _architecture(config: Any, source: str) -> str:
     architecture = config.get("architecture", "span") if isinstance(config, dict) else None
     if architecture not in ("span", "boundary"):
-        raise ConfigError(f"model {source!r} has architecture {architecture!r}; only 'span' and 'boundary' are supported")
+        raise ConfigError(
+            f"model {source!r} has architecture {architecture!r}; only 'span' and 'boundary' are supported"
+        )
     return str(architecture)
 
 

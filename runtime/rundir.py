@@ -76,8 +76,10 @@ class DurableCursor:
     def from_dict(cls, data: dict[str, Any], where: str) -> DurableCursor:
         version = data.get("version")
         if not isinstance(version, int) or version > CURSOR_VERSION:
-            raise RunConflictError(f"{where} has cursor format version {version!r}; this prefect-gliner2 reads "
-                                   f"up to {CURSOR_VERSION}: upgrade prefect-gliner2")
+            raise RunConflictError(
+                f"{where} has cursor format version {version!r}; this prefect-gliner2 reads "
+                f"up to {CURSOR_VERSION}: upgrade prefect-gliner2"
+            )
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         try:
             return cls(**known)
@@ -127,8 +129,10 @@ class RunDirectory:
             else:
                 self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create run directory {self.uri}: {exc.strerror or exc}; pass a writable "
-                              "directory or fsspec URL as storage") from exc
+            raise ConfigError(
+                f"cannot create run directory {self.uri}: {exc.strerror or exc}; pass a writable "
+                "directory or fsspec URL as storage"
+            ) from exc
 
     def exists(self, name: str) -> bool:
         return bool(self.fs.exists(f"{self.path}/{name}"))
@@ -165,7 +169,9 @@ class RunDirectory:
             self.write_bytes("run.json", json.dumps(record, sort_keys=True, indent=1).encode())
             return record
         record = json.loads(data)
-        differing = [f"{k}: recorded {record.get(k)!r}, requested {v!r}" for k, v in settings.items() if record.get(k) != v]
+        differing = [
+            f"{k}: recorded {record.get(k)!r}, requested {v!r}" for k, v in settings.items() if record.get(k) != v
+        ]
         if differing:
             raise RunConflictError(
                 f"run key {self.run_key!r} was started with different settings ({'; '.join(differing)}); resume "
@@ -194,10 +200,14 @@ class RunDirectory:
         current = self.read_cursor()
         if current is not None:
             if current.fingerprint != new.fingerprint:
-                raise RunConflictError(f"{self.cursor_uri} belongs to plan {current.fingerprint[:12]}, not "
-                                       f"{new.fingerprint[:12]}; the run directory was modified: use a new run key")
-            forward = new.cursor > current.cursor or (new.cursor == current.cursor and (
-                (new.finished and not current.finished) or (new.export is not None and current.export is None)))
+                raise RunConflictError(
+                    f"{self.cursor_uri} belongs to plan {current.fingerprint[:12]}, not "
+                    f"{new.fingerprint[:12]}; the run directory was modified: use a new run key"
+                )
+            forward = new.cursor > current.cursor or (
+                new.cursor == current.cursor
+                and ((new.finished and not current.finished) or (new.export is not None and current.export is None))
+            )
             if not forward:
                 return False
         self.write_bytes("cursor.json", json.dumps(new.to_dict(), sort_keys=True, indent=1).encode())
@@ -250,13 +260,19 @@ class RunDirectory:
                 continue
             self._quarantine(cursor.checkpoint)
             position = int(meta["cursor"])
-            rewound = DurableCursor(checkpoint=name, cursor=position, step=int(meta["step"]),
-                                    epoch=int(epoch_of(position - 1)) if position else 0,
-                                    finished=bool(meta.get("finished")), fingerprint=cursor.fingerprint)
+            rewound = DurableCursor(
+                checkpoint=name,
+                cursor=position,
+                step=int(meta["step"]),
+                epoch=int(epoch_of(position - 1)) if position else 0,
+                finished=bool(meta.get("finished")),
+                fingerprint=cursor.fingerprint,
+            )
             self.write_bytes("cursor.json", json.dumps(rewound.to_dict(), sort_keys=True, indent=1).encode())
             return cursor.checkpoint
-        raise CheckpointError(f"{damage}; no intact earlier checkpoint of this run exists: start again under a new "
-                              "run key") from damage
+        raise CheckpointError(
+            f"{damage}; no intact earlier checkpoint of this run exists: start again under a new run key"
+        ) from damage
 
     def _quarantine(self, name: str) -> None:
         """Move a damaged checkpoint aside (kept for inspection; debris cleaning leaves it alone)."""
@@ -293,10 +309,10 @@ def _manifest_difference(run_key: str, uri: str, existing: bytes, requested: byt
     except ValueError:
         return f"run key {run_key!r} at {uri} holds an unreadable manifest.json; use a new run key"
     keys = sorted(k for k in set(old) | set(new) if k != "content_address" and old.get(k) != new.get(k))
-    what = "training data or plan" if old.get("fingerprint") != new.get("fingerprint") else "validation data or settings"
+    what = (
+        "training data or plan" if old.get("fingerprint") != new.get("fingerprint") else "validation data or settings"
+    )
     return (
         f"run key {run_key!r} at {uri} already holds a different manifest (its {what} differ: {', '.join(keys[:8])}); "
         "a run key belongs to exactly one plan. Resume with the original data and config, or choose a new run key"
     )
-
-

@@ -56,4 +56,7 @@ def unit_op(unit: Unit, run_dir: RunDirectory) -> tuple[str, dict[str, Any]]:
         return "advance", {"first": unit.first, "through": unit.through}
     if unit.kind == "validate":
         return "validate", {"index": unit.through}
-    return "checkpoint", {"index": unit.through, "uri": run_dir.checkpoint_uri(checkpoint_name(unit.step, unit.through))}
+    return "checkpoint", {
+        "index": unit.through,
+        "uri": run_dir.checkpoint_uri(checkpoint_name(unit.step, unit.through)),
+    }

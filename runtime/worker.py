@@ -1,7 +1,7 @@
 """The process-pinned session worker, seen from the flow process: a torch-free client over a Pipe.
 
-One ``SessionWorker`` owns one spawned child process (``prefect_gliner2.runtime.worker_child``) that holds the model, optimizer and
-RNGs and executes operations strictly in the order they were sent. The client never imports torch.
+One ``SessionWorker`` owns one spawned child process (``prefect_gliner2.runtime.worker_child``) that holds the model,
+optimizer and RNGs and executes operations strictly in the order they were sent. The client never imports torch.
 
     worker = SessionWorker(WorkerSpec(model="tiny:span", manifest_uri=".../manifest.json", cpu_threads=1),
                            restore_locator=run_dir.newest_checkpoint_uri)
@@ -102,8 +102,13 @@ class _Link:
 class SessionWorker:
     """Client of one session worker process (see the module docstring)."""
 
-    def __init__(self, spec: WorkerSpec, restore_locator: Callable[[], str | None] | None = None,
-                 *, name: str = "gliner2-session-worker") -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        restore_locator: Callable[[], str | None] | None = None,
+        *,
+        name: str = "gliner2-session-worker",
+    ) -> None:
         self.spec = spec
         self.name = name
         self._locator = restore_locator or (lambda: None)
@@ -183,7 +188,9 @@ class SessionWorker:
         if wait:
             _reap(link.process, timeout)
         else:
-            threading.Thread(target=_reap, args=(link.process, timeout), name=f"{self.name}-reaper", daemon=True).start()
+            threading.Thread(
+                target=_reap, args=(link.process, timeout), name=f"{self.name}-reaper", daemon=True
+            ).start()
 
     def kill(self) -> None:
         """SIGKILL the child (tests and emergencies); outstanding calls raise WorkerDied."""
@@ -274,11 +281,14 @@ class SessionWorker:
             how = f"exit code {code}"
         origin = f"checkpoint {link.restored_from}" if link.restored_from else "the start of the plan"
         for ticket in calls:
-            ticket.resolve(False, WorkerDied(
-                f"session worker pid {link.process.pid} ({link.incarnation}) died ({how}) before finishing "
-                f"{ticket.key[0]}; a retry starts a fresh worker from the newest committed checkpoint "
-                f"(this one had started from {origin})"
-            ))
+            ticket.resolve(
+                False,
+                WorkerDied(
+                    f"session worker pid {link.process.pid} ({link.incarnation}) died ({how}) before finishing "
+                    f"{ticket.key[0]}; a retry starts a fresh worker from the newest committed checkpoint "
+                    f"(this one had started from {origin})"
+                ),
+            )
         try:
             link.conn.close()
         except OSError:

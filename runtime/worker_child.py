@@ -164,9 +164,16 @@ class SessionRunner:
     def op_status(self) -> dict[str, Any]:
         run = self.run
         return {
-            "pid": os.getpid(), "cursor": run.cursor, "step": run.session.step, "finished": run.finished,
-            "validation_due": run.validation_due, "stopped_early": run.stopped_early, "restored_from": self.restored_from,
-            "cpu_threads": self.threads, "device": str(run.session.device), "batch_count": self.plan.batch_count,
+            "pid": os.getpid(),
+            "cursor": run.cursor,
+            "step": run.session.step,
+            "finished": run.finished,
+            "validation_due": run.validation_due,
+            "stopped_early": run.stopped_early,
+            "restored_from": self.restored_from,
+            "cpu_threads": self.threads,
+            "device": str(run.session.device),
+            "batch_count": self.plan.batch_count,
         }
 
     def op_advance(self, first: int, through: int) -> dict[str, Any]:
@@ -174,8 +181,13 @@ class SessionRunner:
         run = self.run
         last = min(through, self.plan.batch_count - 1)
         return {
-            "first": first, "through": through, "cursor": run.cursor, "step": run.session.step,
-            "epoch": self.plan.epoch(last), "replayed": replayed, "stopped_early": run.stopped_early,
+            "first": first,
+            "through": through,
+            "cursor": run.cursor,
+            "step": run.session.step,
+            "epoch": self.plan.epoch(last),
+            "replayed": replayed,
+            "stopped_early": run.stopped_early,
             "updates": [h for h in run.train_metrics_history if first <= h["batch"] <= through],
         }
 
@@ -187,8 +199,13 @@ class SessionRunner:
         else:
             metrics = next((h for h in run.eval_metrics_history if h["batch"] == index), None)
         return {
-            "index": index, "metrics": metrics, "best_metric": run.best_metric, "best_step": run.best_step,
-            "stopped_early": run.stopped_early, "step": run.session.step, "history": list(run.eval_metrics_history),
+            "index": index,
+            "metrics": metrics,
+            "best_metric": run.best_metric,
+            "best_step": run.best_step,
+            "stopped_early": run.stopped_early,
+            "step": run.session.step,
+            "history": list(run.eval_metrics_history),
         }
 
     def op_checkpoint(self, index: int, uri: str) -> dict[str, Any]:
@@ -196,12 +213,23 @@ class SessionRunner:
         self._advance(index)
         if run.validation_due and run.cursor == index + 1:
             self._validate()
-        info = {"uri": uri, "index": index, "cursor": run.cursor, "step": run.session.step,
-                "epoch": self.plan.epoch(index), "finished": run.finished, "stopped_early": run.stopped_early,
-                "best_metric": run.best_metric, "best_step": run.best_step}
+        info = {
+            "uri": uri,
+            "index": index,
+            "cursor": run.cursor,
+            "step": run.session.step,
+            "epoch": self.plan.epoch(index),
+            "finished": run.finished,
+            "stopped_early": run.stopped_early,
+            "best_metric": run.best_metric,
+            "best_step": run.best_step,
+        }
         if run.cursor != index + 1:
-            return {**info, "committed": False,
-                    "reason": f"the session is at cursor {run.cursor}, past batch {index}; nothing to write there"}
+            return {
+                **info,
+                "committed": False,
+                "reason": f"the session is at cursor {run.cursor}, past batch {index}; nothing to write there",
+            }
         existing = _committed_meta(uri)
         if existing is not None:
             if existing.get("plan_fingerprint") != self.plan.fingerprint or existing.get("cursor") != run.cursor:
@@ -224,8 +252,10 @@ class SessionRunner:
             if existing.get("label") != label or existing.get("step") != run.session.step:
                 from prefect_gliner2.session_core.errors import WeightsError
 
-                raise WeightsError(f"export destination {uri} already holds a different model ({existing.get('label')} "
-                                   f"at step {existing.get('step')}); choose a new export location")
+                raise WeightsError(
+                    f"export destination {uri} already holds a different model ({existing.get('label')} "
+                    f"at step {existing.get('step')}); choose a new export location"
+                )
             info = dict(existing)
         else:
             with _write_hook("export-write", self.plan.batch_count - 1):
@@ -259,8 +289,11 @@ def _is_native_model_dir(uri: str) -> bool:
 
     fs, path = fsspec.core.url_to_fs(uri)
     path = path.rstrip("/")
-    return (fs.exists(f"{path}/config.json") and not fs.exists(f"{path}/checkpoint.json")
-            and not fs.exists(f"{path}/adapter_config.json"))
+    return (
+        fs.exists(f"{path}/config.json")
+        and not fs.exists(f"{path}/checkpoint.json")
+        and not fs.exists(f"{path}/adapter_config.json")
+    )
 
 
 def _committed_meta(uri: str) -> dict[str, Any] | None:

@@ -25,8 +25,16 @@ INDEX_FILE = "checkpoint.json"
 FORMAT_NAME = "prefect-gliner2/checkpoint"
 FORMAT_VERSION = 1
 
-__all__ = ["FORMAT_VERSION", "INDEX_FILE", "STAGING_MARKER", "CheckpointFiles", "checkpoint_exists", "checkpoint_meta",
-           "read_checkpoint", "write_checkpoint"]
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_FILE",
+    "STAGING_MARKER",
+    "CheckpointFiles",
+    "checkpoint_exists",
+    "checkpoint_meta",
+    "read_checkpoint",
+    "write_checkpoint",
+]
 
 # Local writes stage into a hidden sibling named ".<name>.partial-<pid>-<random>"; cleaners may rely on this marker.
 STAGING_MARKER = ".partial-"
@@ -44,7 +52,9 @@ class CheckpointFiles:
         try:
             return self.files[name]
         except KeyError:
-            raise CheckpointError(f"checkpoint {self.uri} has no {name}; it was written by another tool or version") from None
+            raise CheckpointError(
+                f"checkpoint {self.uri} has no {name}; it was written by another tool or version"
+            ) from None
 
 
 def _sha256(data: bytes) -> str:
@@ -73,7 +83,9 @@ def checkpoint_meta(uri: str) -> dict[str, Any] | None:
     try:
         index = json.loads(fs.cat_file(index_path))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint index {index_path} is not valid JSON ({exc}); the checkpoint is damaged") from exc
+        raise CheckpointError(
+            f"checkpoint index {index_path} is not valid JSON ({exc}); the checkpoint is damaged"
+        ) from exc
     meta = index.get("meta") if isinstance(index, dict) else None
     return meta if isinstance(meta, dict) else {}
 
@@ -145,9 +157,14 @@ def read_checkpoint(uri: str) -> CheckpointFiles:
     try:
         index = json.loads(fs.cat_file(index_path))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint index {index_path} is not valid JSON ({exc}); the checkpoint is damaged") from exc
+        raise CheckpointError(
+            f"checkpoint index {index_path} is not valid JSON ({exc}); the checkpoint is damaged"
+        ) from exc
     if not isinstance(index, dict) or index.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{uri} is not a prefect-gliner2 checkpoint (format {index.get('format') if isinstance(index, dict) else None!r})")
+        raise CheckpointError(
+            f"{uri} is not a prefect-gliner2 checkpoint "
+            f"(format {index.get('format') if isinstance(index, dict) else None!r})"
+        )
     if not isinstance(index.get("version"), int) or index["version"] > FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint {uri} has format version {index.get('version')!r}, newer than this installation reads "
@@ -157,7 +174,9 @@ def read_checkpoint(uri: str) -> CheckpointFiles:
     for name, entry in sorted(index.get("files", {}).items()):
         file_path = f"{path}/{name}"
         if not fs.exists(file_path):
-            raise CheckpointError(f"checkpoint {uri} is missing {name}; restore it from a copy or use an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint {uri} is missing {name}; restore it from a copy or use an earlier checkpoint"
+            )
         data = fs.cat_file(file_path)
         if len(data) != entry.get("bytes"):
             raise CheckpointError(

@@ -142,7 +142,9 @@ class TrainingConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> TrainingConfig:
         """Build from a mapping; every unknown key is reported (with close matches), none ignored."""
         if not isinstance(data, Mapping):
-            raise ConfigError(f"a training config must be a mapping of field names to values, got {type(data).__name__}")
+            raise ConfigError(
+                f"a training config must be a mapping of field names to values, got {type(data).__name__}"
+            )
         _reject_unknown(data.keys(), "config")
         return cls(**dict(data))
 
@@ -152,17 +154,22 @@ class TrainingConfig:
         uri = os.fspath(path_or_url)
         suffix = uri.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
         if suffix not in ("json", "yaml", "yml"):
-            raise ConfigError(f"config file {uri!r} must end in .json, .yaml or .yml (got {suffix or 'no extension'!r})")
+            raise ConfigError(
+                f"config file {uri!r} must end in .json, .yaml or .yml (got {suffix or 'no extension'!r})"
+            )
         try:
             with fsspec.open(uri, "rt", encoding="utf-8") as handle:
                 text = handle.read()
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
-            raise ConfigError(f"config file {uri!r} cannot be read ({reason}); pass a JSON or YAML file of "
-                              "TrainingConfig fields") from exc
+            raise ConfigError(
+                f"config file {uri!r} cannot be read ({reason}); pass a JSON or YAML file of TrainingConfig fields"
+            ) from exc
         data = _parse_config_text(text, uri, suffix)
         if not isinstance(data, Mapping):
-            raise ConfigError(f"config file {uri!r} must hold a mapping of field names to values, got {type(data).__name__}")
+            raise ConfigError(
+                f"config file {uri!r} must hold a mapping of field names to values, got {type(data).__name__}"
+            )
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> TrainingConfig:
@@ -190,33 +197,89 @@ class TrainingConfig:
 _INT, _FLOAT, _BOOL, _STR, _OPT_INT, _OPT_BOOL, _STR_TUPLE = "int", "float", "bool", "str", "int?", "bool?", "str*"
 # fp16/bf16 (bool?) may be None here: the precision check reports None with a better message.
 _LABELS = {
-    _INT: "an int", _FLOAT: "a float", _BOOL: "a bool", _STR: "a str", _OPT_INT: "an int or None",
-    _OPT_BOOL: "a bool", _STR_TUPLE: "a list of str",
+    _INT: "an int",
+    _FLOAT: "a float",
+    _BOOL: "a bool",
+    _STR: "a str",
+    _OPT_INT: "an int or None",
+    _OPT_BOOL: "a bool",
+    _STR_TUPLE: "a list of str",
 }
 
 _KINDS: dict[str, str] = {
     **dict.fromkeys(
-        ["num_epochs", "max_steps", "batch_size", "eval_batch_size", "gradient_accumulation_steps", "warmup_steps",
-         "eval_steps", "logging_steps", "early_stopping_patience", "num_workers", "seed",
-         "length_group_window_batches", "lora_r", "local_rank", "max_train_samples", "max_eval_samples"],
+        [
+            "num_epochs",
+            "max_steps",
+            "batch_size",
+            "eval_batch_size",
+            "gradient_accumulation_steps",
+            "warmup_steps",
+            "eval_steps",
+            "logging_steps",
+            "early_stopping_patience",
+            "num_workers",
+            "seed",
+            "length_group_window_batches",
+            "lora_r",
+            "local_rank",
+            "max_train_samples",
+            "max_eval_samples",
+        ],
         _INT,
     ),
     **dict.fromkeys(
-        ["encoder_lr", "task_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-         "warmup_ratio", "num_cycles", "early_stopping_threshold", "gold_injection_start", "gold_injection_end",
-         "gold_injection_hold_frac", "lora_alpha", "lora_dropout"],
+        [
+            "encoder_lr",
+            "task_lr",
+            "weight_decay",
+            "adam_beta1",
+            "adam_beta2",
+            "adam_epsilon",
+            "max_grad_norm",
+            "warmup_ratio",
+            "num_cycles",
+            "early_stopping_threshold",
+            "gold_injection_start",
+            "gold_injection_end",
+            "gold_injection_hold_frac",
+            "lora_alpha",
+            "lora_dropout",
+        ],
         _FLOAT,
     ),
     **dict.fromkeys(
-        ["save_best", "greater_is_better", "early_stopping", "deterministic", "validate_data", "strict_training",
-         "ignore_nonfinite_losses", "skip_step_errors", "allow_invalid_samples", "dedupe_contained_entity_spans",
-         "group_by_length", "compile_model", "gradient_checkpointing", "fused_optimizer", "allow_tf32", "use_lora",
-         "lora_use_dora"],
+        [
+            "save_best",
+            "greater_is_better",
+            "early_stopping",
+            "deterministic",
+            "validate_data",
+            "strict_training",
+            "ignore_nonfinite_losses",
+            "skip_step_errors",
+            "allow_invalid_samples",
+            "dedupe_contained_entity_spans",
+            "group_by_length",
+            "compile_model",
+            "gradient_checkpointing",
+            "fused_optimizer",
+            "allow_tf32",
+            "use_lora",
+            "lora_use_dora",
+        ],
         _BOOL,
     ),
     **dict.fromkeys(
-        ["output_dir", "experiment_name", "scheduler_type", "eval_strategy", "metric_for_best", "on_capacity_exceeded",
-         "float32_matmul_precision"],
+        [
+            "output_dir",
+            "experiment_name",
+            "scheduler_type",
+            "eval_strategy",
+            "metric_for_best",
+            "on_capacity_exceeded",
+            "float32_matmul_precision",
+        ],
         _STR,
     ),
     "max_len": _OPT_INT,
@@ -268,7 +331,8 @@ def _check_types(cfg: TrainingConfig) -> list[str]:
 def _check_precision(cfg: TrainingConfig) -> list[str]:
     if cfg.fp16 is None or cfg.bf16 is None:
         return [
-            f"precision must be explicit: pass fp16=False and bf16=True/False (got fp16={cfg.fp16!r}, bf16={cfg.bf16!r}); "
+            "precision must be explicit: pass fp16=False and bf16=True/False "
+            f"(got fp16={cfg.fp16!r}, bf16={cfg.bf16!r}); "
             "implicit precision depends on the architecture natively"
         ]
     if cfg.fp16 and cfg.bf16:
@@ -283,16 +347,52 @@ def _check_precision(cfg: TrainingConfig) -> list[str]:
 
 # (field, refused predicate, message): what was asked and what to do instead.
 _REFUSALS: tuple[tuple[str, Any, str], ...] = (
-    ("num_workers", lambda v: v != 0, "num_workers must be 0 (preprocessing RNGs are process-global); set num_workers=0"),
-    ("local_rank", lambda v: v != -1, "distributed training is not supported (local_rank={v}); run one session per process with local_rank=-1"),
-    ("compile_model", bool, "compile_model=True is not supported (graph compilation breaks exact continuation); set compile_model=False"),
+    (
+        "num_workers",
+        lambda v: v != 0,
+        "num_workers must be 0 (preprocessing RNGs are process-global); set num_workers=0",
+    ),
+    (
+        "local_rank",
+        lambda v: v != -1,
+        "distributed training is not supported (local_rank={v}); run one session per process with local_rank=-1",
+    ),
+    (
+        "compile_model",
+        bool,
+        "compile_model=True is not supported (graph compilation breaks exact continuation); set compile_model=False",
+    ),
     ("skip_step_errors", bool, "skip_step_errors=True would silently drop micro-batches; set skip_step_errors=False"),
-    ("allow_invalid_samples", bool, "allow_invalid_samples=True would silently drop samples; set allow_invalid_samples=False and fix the records"),
-    ("on_capacity_exceeded", lambda v: v != "raise", "on_capacity_exceeded={v!r} would silently truncate or skip gold targets; set on_capacity_exceeded='raise'"),
-    ("strict_training", lambda v: not v, "strict_training=False lets processor errors pass silently; set strict_training=True"),
-    ("ignore_nonfinite_losses", bool, "ignore_nonfinite_losses=True would silently skip non-finite losses; set ignore_nonfinite_losses=False"),
-    ("max_train_samples", lambda v: v != -1, "max_train_samples={v} would silently drop training data; set it to -1 and pass only the records to train on"),
-    ("max_eval_samples", lambda v: v != -1, "max_eval_samples={v} would silently drop validation data; set it to -1 and pass only the records to evaluate"),
+    (
+        "allow_invalid_samples",
+        bool,
+        "allow_invalid_samples=True would silently drop samples; set allow_invalid_samples=False and fix the records",
+    ),
+    (
+        "on_capacity_exceeded",
+        lambda v: v != "raise",
+        "on_capacity_exceeded={v!r} would silently truncate or skip gold targets; set on_capacity_exceeded='raise'",
+    ),
+    (
+        "strict_training",
+        lambda v: not v,
+        "strict_training=False lets processor errors pass silently; set strict_training=True",
+    ),
+    (
+        "ignore_nonfinite_losses",
+        bool,
+        "ignore_nonfinite_losses=True would silently skip non-finite losses; set ignore_nonfinite_losses=False",
+    ),
+    (
+        "max_train_samples",
+        lambda v: v != -1,
+        "max_train_samples={v} would silently drop training data; set it to -1 and pass only the records to train on",
+    ),
+    (
+        "max_eval_samples",
+        lambda v: v != -1,
+        "max_eval_samples={v} would silently drop validation data; set it to -1 and pass only the records to evaluate",
+    ),
 )
 
 
@@ -307,10 +407,21 @@ def _check_ranges(cfg: TrainingConfig) -> list[str]:
         if not ok:
             p.append(message)
 
-    for name in ("num_epochs", "batch_size", "eval_batch_size", "gradient_accumulation_steps", "logging_steps",
-                 "length_group_window_batches", "early_stopping_patience", "eval_steps"):
+    for name in (
+        "num_epochs",
+        "batch_size",
+        "eval_batch_size",
+        "gradient_accumulation_steps",
+        "logging_steps",
+        "length_group_window_batches",
+        "early_stopping_patience",
+        "eval_steps",
+    ):
         need(getattr(cfg, name) >= 1, f"{name} must be >= 1, got {getattr(cfg, name)}")
-    need(cfg.max_steps == -1 or cfg.max_steps >= 1, f"max_steps must be -1 (derive from num_epochs) or >= 1, got {cfg.max_steps}")
+    need(
+        cfg.max_steps == -1 or cfg.max_steps >= 1,
+        f"max_steps must be -1 (derive from num_epochs) or >= 1, got {cfg.max_steps}",
+    )
     for name in ("encoder_lr", "task_lr", "weight_decay", "adam_epsilon", "early_stopping_threshold", "num_cycles"):
         need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
@@ -321,19 +432,35 @@ def _check_ranges(cfg: TrainingConfig) -> list[str]:
         need(0.0 <= getattr(cfg, name) <= 1.0, f"{name} must be in [0, 1], got {getattr(cfg, name)}")
     need(0 <= cfg.seed < 2**32, f"seed must be in [0, 2**32), got {cfg.seed}")
     need(cfg.max_len is None or cfg.max_len >= 1, f"max_len must be None or >= 1, got {cfg.max_len}")
-    need(cfg.scheduler_type in SCHEDULER_TYPES, f"scheduler_type must be one of {list(SCHEDULER_TYPES)}, got {cfg.scheduler_type!r}")
-    need(cfg.eval_strategy in EVAL_STRATEGIES, f"eval_strategy must be one of {list(EVAL_STRATEGIES)}, got {cfg.eval_strategy!r}")
-    need(cfg.float32_matmul_precision in MATMUL_PRECISIONS,
-         f"float32_matmul_precision must be one of {list(MATMUL_PRECISIONS)}, got {cfg.float32_matmul_precision!r}")
+    need(
+        cfg.scheduler_type in SCHEDULER_TYPES,
+        f"scheduler_type must be one of {list(SCHEDULER_TYPES)}, got {cfg.scheduler_type!r}",
+    )
+    need(
+        cfg.eval_strategy in EVAL_STRATEGIES,
+        f"eval_strategy must be one of {list(EVAL_STRATEGIES)}, got {cfg.eval_strategy!r}",
+    )
+    need(
+        cfg.float32_matmul_precision in MATMUL_PRECISIONS,
+        f"float32_matmul_precision must be one of {list(MATMUL_PRECISIONS)}, got {cfg.float32_matmul_precision!r}",
+    )
     need(bool(cfg.output_dir), "output_dir must be a non-empty path or URL")
     need(bool(cfg.metric_for_best), "metric_for_best must be a non-empty metric name such as 'eval_loss'")
-    need(not (cfg.early_stopping and cfg.eval_strategy == "no"),
-         "early_stopping=True needs validation points but eval_strategy='no'; set eval_strategy='epoch' or 'steps', or early_stopping=False")
+    need(
+        not (cfg.early_stopping and cfg.eval_strategy == "no"),
+        "early_stopping=True needs validation points but eval_strategy='no'; "
+        "set eval_strategy='epoch' or 'steps', or early_stopping=False",
+    )
     if cfg.use_lora:
         need(cfg.lora_r >= 1, f"lora_r must be >= 1 when use_lora=True, got {cfg.lora_r}")
         need(cfg.lora_alpha > 0, f"lora_alpha must be > 0 when use_lora=True, got {cfg.lora_alpha}")
-        need(0.0 <= cfg.lora_dropout < 1.0, f"lora_dropout must be in [0, 1) when use_lora=True, got {cfg.lora_dropout}")
-        need(bool(cfg.lora_target_modules), "lora_target_modules cannot be empty when use_lora=True; name at least one module group")
+        need(
+            0.0 <= cfg.lora_dropout < 1.0, f"lora_dropout must be in [0, 1) when use_lora=True, got {cfg.lora_dropout}"
+        )
+        need(
+            bool(cfg.lora_target_modules),
+            "lora_target_modules cannot be empty when use_lora=True; name at least one module group",
+        )
         need(all(cfg.lora_target_modules), "lora_target_modules entries must be non-empty module names")
     return p
 

@@ -244,7 +244,9 @@ class SessionEngine(ExtractorTrainer):
             raise TrainingNumericsError("optim_step found no gradients; run forward_backward first")
         finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
         if not bool(finite):
-            bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+            bad = [
+                n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()
+            ]
             raise TrainingNumericsError(
                 f"non-finite gradients in {len(bad)} parameter(s) (first: {bad[:3]}); the update was not applied. "
                 "Check the data and learning rate (DoRA on a fresh boundary head is a known cause), then resume "
@@ -316,7 +318,9 @@ class SessionEngine(ExtractorTrainer):
         settings = getattr(head, "settings", None)
         warmup = getattr(settings, "consistency_warmup_steps", 0)
         head.set_consistency_scale(1.0 if warmup <= 0 else min(self.global_step / warmup, 1.0))
-        head.set_soft_iou_scale(self._soft_iou_anneal_scale(self.global_step, getattr(settings, "soft_iou_anneal_steps", 0)))
+        head.set_soft_iou_scale(
+            self._soft_iou_anneal_scale(self.global_step, getattr(settings, "soft_iou_anneal_steps", 0))
+        )
 
     def schedule_state(self) -> dict[str, float]:
         head = getattr(unwrap(self.model), "boundary_head", None)
@@ -444,25 +448,35 @@ def validate_adapter(model: torch.nn.Module, config: NativeTrainingConfig) -> No
     peft_config = getattr(model, "peft_config", {})
     names = sorted(peft_config)
     if names != ["default"]:
-        raise AdapterMismatchError(f"expected exactly one adapter named 'default', found {names}; merge or drop the others")
+        raise AdapterMismatchError(
+            f"expected exactly one adapter named 'default', found {names}; merge or drop the others"
+        )
     adapter = peft_config["default"]
     if getattr(adapter, "inference_mode", False):
         raise AdapterMismatchError(
             "the preloaded adapter is in inference mode (frozen); load it with "
             "PeftModel.from_pretrained(base, path, is_trainable=True)"
         )
-    settings = {k: getattr(adapter, k, None) for k in ("r", "lora_alpha", "lora_dropout", "use_dora", "bias", "target_modules")}
+    settings = {
+        k: getattr(adapter, k, None) for k in ("r", "lora_alpha", "lora_dropout", "use_dora", "bias", "target_modules")
+    }
     _raise_adapter_diffs(model, config, settings, "the preloaded adapter")
 
 
-def validate_adapter_config(model: torch.nn.Module, config: NativeTrainingConfig, settings: dict[str, Any], source: str) -> None:
+def validate_adapter_config(
+    model: torch.nn.Module, config: NativeTrainingConfig, settings: dict[str, Any], source: str
+) -> None:
     """An adapter directory's adapter_config.json must declare exactly the session's LoRA settings."""
     if str(settings.get("peft_type", "LORA")).upper() != "LORA":
-        raise AdapterMismatchError(f"{source} is a {settings.get('peft_type')} adapter; only LoRA adapters are supported")
+        raise AdapterMismatchError(
+            f"{source} is a {settings.get('peft_type')} adapter; only LoRA adapters are supported"
+        )
     _raise_adapter_diffs(model, config, settings, f"the adapter in {source}")
 
 
-def _raise_adapter_diffs(model: torch.nn.Module, config: NativeTrainingConfig, settings: dict[str, Any], what: str) -> None:
+def _raise_adapter_diffs(
+    model: torch.nn.Module, config: NativeTrainingConfig, settings: dict[str, Any], what: str
+) -> None:
     targets = settings.get("target_modules") or []
     targets = [targets] if isinstance(targets, str) else sorted(targets)
     checks = [
@@ -476,8 +490,10 @@ def _raise_adapter_diffs(model: torch.nn.Module, config: NativeTrainingConfig, s
     diffs = [f"{name}: adapter has {have!r}, config asks {want!r}" for name, have, want in checks if have != want]
     if diffs:
         raise AdapterMismatchError(
-            f"{what} does not match the configuration: " + "; ".join(diffs)
-            + ". Set the TrainingConfig LoRA fields to the adapter's values, or start fresh adapters from the base model"
+            f"{what} does not match the configuration: "
+            + "; ".join(diffs)
+            + ". Set the TrainingConfig LoRA fields to the adapter's values, "
+            "or start fresh adapters from the base model"
         )
 
 

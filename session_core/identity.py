@@ -12,7 +12,14 @@ import torch
 from .engine import unwrap
 from .state import canonical_name
 
-_VOLATILE_CONFIG_KEYS = {"_name_or_path", "name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype"}
+_VOLATILE_CONFIG_KEYS = {
+    "_name_or_path",
+    "name_or_path",
+    "transformers_version",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+}
 
 
 def describe_model(model: torch.nn.Module, processor: Any) -> dict[str, Any]:

@@ -36,8 +36,12 @@ from .weights import export_weights
 MANAGED_KIND = "managed"
 MANAGED_FILE = "managed.json"
 BEST_FILE = "best.safetensors"
-EVAL_SOURCES = {"eval_loss": "total_loss", "eval_classification_loss": "classification_loss",
-                "eval_structure_loss": "structure_loss", "eval_count_loss": "count_loss"}
+EVAL_SOURCES = {
+    "eval_loss": "total_loss",
+    "eval_classification_loss": "classification_loss",
+    "eval_structure_loss": "structure_loss",
+    "eval_count_loss": "count_loss",
+}
 EVAL_KEYS = tuple(EVAL_SOURCES)
 StepCallback = Callable[[int, dict[str, Any]], None]
 
@@ -52,7 +56,9 @@ class ManagedTraining:
                 "TrainingSession(model, config, max_steps=plan.max_steps)"
             )
         if session.architecture != plan.architecture:
-            raise PlanMismatchError(f"the plan is for a {plan.architecture!r} model, the session trains {session.architecture!r}")
+            raise PlanMismatchError(
+                f"the plan is for a {plan.architecture!r} model, the session trains {session.architecture!r}"
+            )
         self.session = session
         self.plan = plan
         self.config = session.config
@@ -211,8 +217,13 @@ class ManagedTraining:
         files[MANAGED_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
         if self.best_state is not None:
             files[BEST_FILE] = tensors_to_bytes(self.best_state)
-        meta.update(kind=MANAGED_KIND, plan_fingerprint=self.plan.fingerprint, cursor=self.cursor,
-                    validation_due=self.validation_due, finished=self.finished)
+        meta.update(
+            kind=MANAGED_KIND,
+            plan_fingerprint=self.plan.fingerprint,
+            cursor=self.cursor,
+            validation_due=self.validation_due,
+            finished=self.finished,
+        )
         return write_checkpoint(uri, files, meta)
 
     def load_state(self, uri: str) -> dict[str, Any]:
@@ -291,9 +302,13 @@ class ManagedTraining:
     def _check_selection(self) -> None:
         metric = self.config.metric_for_best
         if metric not in EVAL_KEYS:
-            raise ConfigError(f"metric_for_best={metric!r} is not computed by the managed driver; use one of {EVAL_KEYS}")
+            raise ConfigError(
+                f"metric_for_best={metric!r} is not computed by the managed driver; use one of {EVAL_KEYS}"
+            )
         if self.config.early_stopping and not self._eval_batches:
-            raise ConfigError("early_stopping=True needs eval_examples; pass validation records or disable early stopping")
+            raise ConfigError(
+                "early_stopping=True needs eval_examples; pass validation records or disable early stopping"
+            )
 
 
 def _eval_batches(examples: Any, batch_size: int) -> list[list[tuple[str, dict[str, Any]]]]:

@@ -57,16 +57,38 @@ if TYPE_CHECKING:
     from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
 __all__ = [
-    "MANIFEST_SCHEMA_NAME", "MANIFEST_SCHEMA_VERSION", "LoadedManifest", "build_manifest", "content_address",
-    "dumps_manifest", "load_manifest", "manifest_bytes", "read_manifest", "write_manifest",
+    "MANIFEST_SCHEMA_NAME",
+    "MANIFEST_SCHEMA_VERSION",
+    "LoadedManifest",
+    "build_manifest",
+    "content_address",
+    "dumps_manifest",
+    "load_manifest",
+    "manifest_bytes",
+    "read_manifest",
+    "write_manifest",
 ]
 
 MANIFEST_SCHEMA_NAME = "prefect-gliner2/training-plan-manifest"
 MANIFEST_SCHEMA_VERSION = 2  # 2: record key order is kept (v1 sorted it)
 _REQUIRED = (
-    "schema", "plan_algorithm_version", "architecture", "config", "fingerprint", "record_count", "num_epochs",
-    "batch_count", "max_steps", "batches", "updates", "epoch_ends", "validations", "selection", "examples",
-    "eval_examples", "content_address",
+    "schema",
+    "plan_algorithm_version",
+    "architecture",
+    "config",
+    "fingerprint",
+    "record_count",
+    "num_epochs",
+    "batch_count",
+    "max_steps",
+    "batches",
+    "updates",
+    "epoch_ends",
+    "validations",
+    "selection",
+    "examples",
+    "eval_examples",
+    "content_address",
 )
 _RECORD_PARTS = frozenset({"examples", "eval_examples"})
 
@@ -97,6 +119,7 @@ class LoadedManifest:
 
 
 # ------------------------------------------------------------------------------------------- building
+
 
 def _manifest_parts(plan: ManagedTrainingPlan, eval_examples: Any) -> dict[str, str]:
     """Top-level key -> canonical JSON text of its value, for every key but ``content_address``."""
@@ -135,7 +158,7 @@ def _batches_json(plan: ManagedTrainingPlan) -> str:
     for epoch in range(plan.num_epochs):
         order = plan.epoch_order(epoch).tolist()
         count = min(per_epoch, plan.batch_count - epoch * per_epoch)
-        pieces.append(canonical_json([order[k * size:(k + 1) * size] for k in range(count)])[1:-1])
+        pieces.append(canonical_json([order[k * size : (k + 1) * size] for k in range(count)])[1:-1])
     return "[" + ",".join(p for p in pieces if p) + "]"
 
 
@@ -178,6 +201,7 @@ def dumps_manifest(manifest: Mapping[str, Any]) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------ storage
+
 
 def write_manifest(manifest: Mapping[str, Any] | bytes, uri: str | os.PathLike[str]) -> str:
     """Atomically write a manifest (dict, or bytes from ``manifest_bytes``) to a path or fsspec URL.
@@ -235,13 +259,16 @@ def read_manifest(uri: str | os.PathLike[str]) -> dict[str, Any]:
         with paused_gc():
             manifest = json.loads(data.decode("utf-8"))
     except ValueError as exc:
-        raise ManifestError(f"manifest {target!r} is not valid UTF-8 JSON ({exc}); it is truncated or corrupted") from exc
+        raise ManifestError(
+            f"manifest {target!r} is not valid UTF-8 JSON ({exc}); it is truncated or corrupted"
+        ) from exc
     if not isinstance(manifest, dict):
         raise ManifestError(f"manifest {target!r} must hold a JSON object, got {type(manifest).__name__}")
     return manifest
 
 
 # ------------------------------------------------------------------------------------------ loading
+
 
 def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -> LoadedManifest:
     """Verify a manifest and rebuild its plan (``ManagedTrainingPlan.from_manifest``).
@@ -261,7 +288,8 @@ def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -
     given = _given_parts(manifest)
     if _address(given) != manifest["content_address"]:
         raise ManifestError(
-            f"manifest content address does not match its content (recorded {str(manifest['content_address'])[:12]}..., "
+            "manifest content address does not match its content "
+            f"(recorded {str(manifest['content_address'])[:12]}..., "
             f"computed {_address(given)[:12]}...): it was edited or corrupted after it was written. Manifests must not "
             "be edited; regenerate it from the data with ManagedTrainingPlan(...).to_manifest()"
         )
@@ -283,7 +311,9 @@ def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -
 def _check_schema(manifest: Mapping[str, Any]) -> None:
     schema = manifest.get("schema")
     if not isinstance(schema, Mapping) or schema.get("name") != MANIFEST_SCHEMA_NAME:
-        raise ManifestError(f"not a training-plan manifest: 'schema' must be {{'name': {MANIFEST_SCHEMA_NAME!r}, 'version': N}}")
+        raise ManifestError(
+            f"not a training-plan manifest: 'schema' must be {{'name': {MANIFEST_SCHEMA_NAME!r}, 'version': N}}"
+        )
     version = schema.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ManifestError(f"manifest schema version {version!r} is not a known version; regenerate the manifest")
@@ -309,7 +339,8 @@ def _check_schema(manifest: Mapping[str, Any]) -> None:
 def _check_rebuilt(given: Mapping[str, str], rebuilt: Mapping[str, str], plan: ManagedTrainingPlan) -> None:
     if given["fingerprint"] != rebuilt["fingerprint"]:
         raise PlanMismatchError(
-            f"manifest fingerprint {given['fingerprint'][:14]}... != rebuilt plan fingerprint {plan.fingerprint[:12]}...: "
+            f"manifest fingerprint {given['fingerprint'][:14]}... "
+            f"!= rebuilt plan fingerprint {plan.fingerprint[:12]}...: "
             "the manifest was not produced by this plan algorithm from its own data; regenerate it from the data"
         )
     differing = [key for key in sorted(rebuilt) if given.get(key) != rebuilt[key]]

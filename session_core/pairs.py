@@ -16,7 +16,8 @@ def to_pairs(batch: Any) -> list[Pair]:
     items = getattr(batch, "examples", batch)
     if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
         raise RecordError(
-            f"a batch must be a PlanBatch or a list of records, got {type(batch).__name__}; wrap a single record in a list"
+            f"a batch must be a PlanBatch or a list of records, got {type(batch).__name__}; "
+            "wrap a single record in a list"
         )
     pairs = [_pair(item, row) for row, item in enumerate(items)]
     if not pairs:

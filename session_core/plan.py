@@ -53,7 +53,14 @@ from prefect_gliner2.session_core.records import RecordSet, canonical_json, load
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.manifest import LoadedManifest
 
-__all__ = ["ARCHITECTURES", "PLAN_ALGORITHM_VERSION", "ManagedTrainingPlan", "PlanBatch", "SelectionPolicy", "random_keys"]
+__all__ = [
+    "ARCHITECTURES",
+    "PLAN_ALGORITHM_VERSION",
+    "ManagedTrainingPlan",
+    "PlanBatch",
+    "SelectionPolicy",
+    "random_keys",
+]
 
 PLAN_ALGORITHM_VERSION = 1
 ARCHITECTURES = ("span", "boundary")
@@ -90,8 +97,13 @@ class PlanBatch:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "index": self.index, "epoch": self.epoch, "rows": list(self.rows), "examples": list(self.examples),
-            "is_update": self.is_update, "is_epoch_end": self.is_epoch_end, "is_validation": self.is_validation,
+            "index": self.index,
+            "epoch": self.epoch,
+            "rows": list(self.rows),
+            "examples": list(self.examples),
+            "is_update": self.is_update,
+            "is_epoch_end": self.is_epoch_end,
+            "is_validation": self.is_validation,
             "window_size": self.window_size,
         }
 
@@ -101,7 +113,9 @@ class PlanBatch:
         names = ("index", "epoch", "rows", "examples", "is_update", "is_epoch_end", "is_validation", "window_size")
         if not isinstance(data, Mapping) or set(data) != set(names):
             got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
-            raise ManifestError(f"a PlanBatch dict needs exactly the keys {list(names)}, got {got}; use PlanBatch.to_dict()")
+            raise ManifestError(
+                f"a PlanBatch dict needs exactly the keys {list(names)}, got {got}; use PlanBatch.to_dict()"
+            )
         ints = [data[k] for k in ("index", "epoch", "window_size")] + list(data["rows"])
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
             raise ManifestError("PlanBatch index, epoch, window_size and rows must be non-negative integers")
@@ -111,9 +125,14 @@ class PlanBatch:
         if len(data["rows"]) != len(data["examples"]):
             raise ManifestError(f"PlanBatch has {len(data['rows'])} rows but {len(data['examples'])} examples")
         return cls(
-            index=data["index"], epoch=data["epoch"], rows=tuple(data["rows"]),
-            examples=tuple(dict(e) for e in data["examples"]), is_update=data["is_update"],
-            is_epoch_end=data["is_epoch_end"], is_validation=data["is_validation"], window_size=data["window_size"],
+            index=data["index"],
+            epoch=data["epoch"],
+            rows=tuple(data["rows"]),
+            examples=tuple(dict(e) for e in data["examples"]),
+            is_update=data["is_update"],
+            is_epoch_end=data["is_epoch_end"],
+            is_validation=data["is_validation"],
+            window_size=data["window_size"],
         )
 
 
@@ -133,11 +152,14 @@ class SelectionPolicy:
     @classmethod
     def from_config(cls, config: TrainingConfig) -> SelectionPolicy:
         return cls(
-            metric_for_best=config.metric_for_best, greater_is_better=config.greater_is_better,
-            save_best=config.save_best, early_stopping=config.early_stopping,
+            metric_for_best=config.metric_for_best,
+            greater_is_better=config.greater_is_better,
+            save_best=config.save_best,
+            early_stopping=config.early_stopping,
             early_stopping_patience=config.early_stopping_patience,
             early_stopping_threshold=config.early_stopping_threshold,
-            eval_strategy=config.eval_strategy, eval_steps=config.eval_steps,
+            eval_strategy=config.eval_strategy,
+            eval_steps=config.eval_steps,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,9 +177,13 @@ class ManagedTrainingPlan:
         if isinstance(config, Mapping):
             config = TrainingConfig.from_dict(config)
         if not isinstance(config, TrainingConfig):
-            raise ConfigError(f"config must be a TrainingConfig, got {type(config).__name__}; build one with TrainingConfig(...)")
+            raise ConfigError(
+                f"config must be a TrainingConfig, got {type(config).__name__}; build one with TrainingConfig(...)"
+            )
         if architecture not in ARCHITECTURES:
-            raise ConfigError(f"architecture must be one of {list(ARCHITECTURES)}, got {architecture!r}; pass model.architecture")
+            raise ConfigError(
+                f"architecture must be one of {list(ARCHITECTURES)}, got {architecture!r}; pass model.architecture"
+            )
         self._config = config
         self._architecture = architecture
         self._records = load_records(examples, what="training")
@@ -244,8 +270,10 @@ class ManagedTrainingPlan:
         return self._batch_count
 
     def __repr__(self) -> str:
-        return (f"ManagedTrainingPlan({len(self._records)} records, {self._batch_count} batches, "
-                f"{self._max_steps} updates, {self._architecture}, fingerprint {self._fingerprint[:12]})")
+        return (
+            f"ManagedTrainingPlan({len(self._records)} records, {self._batch_count} batches, "
+            f"{self._max_steps} updates, {self._architecture}, fingerprint {self._fingerprint[:12]})"
+        )
 
     # ------------------------------------------------------------------------------ per-batch queries
 
@@ -296,13 +324,18 @@ class ManagedTrainingPlan:
         """Row indices (into ``records``) of batch ``i``."""
         epoch, pos = self._position(i)
         size = self._config.batch_size
-        return tuple(self._order(epoch)[pos * size:(pos + 1) * size])
+        return tuple(self._order(epoch)[pos * size : (pos + 1) * size])
 
     def batch(self, i: int) -> PlanBatch:
         rows = self.rows(i)
         return PlanBatch(
-            index=i, epoch=self.epoch(i), rows=rows, examples=tuple(self._records.examples(rows)),
-            is_update=self.is_update(i), is_epoch_end=self.is_epoch_end(i), is_validation=self.is_validation(i),
+            index=i,
+            epoch=self.epoch(i),
+            rows=rows,
+            examples=tuple(self._records.examples(rows)),
+            is_update=self.is_update(i),
+            is_epoch_end=self.is_epoch_end(i),
+            is_validation=self.is_validation(i),
             window_size=self.window_size(i),
         )
 
@@ -356,10 +389,10 @@ class ManagedTrainingPlan:
         full: list[list[int]] = []
         partial: list[int] = []
         for start in range(0, len(order), window):
-            group = order[start:start + window]
+            group = order[start : start + window]
             group.sort(key=lengths.__getitem__)
             for offset in range(0, len(group), size):
-                chunk = group[offset:offset + size]
+                chunk = group[offset : offset + size]
                 if len(chunk) == size:
                     full.append(chunk)
                 else:
@@ -369,7 +402,8 @@ class ManagedTrainingPlan:
     # ------------------------------------------------------------------------------ manifests
 
     def to_manifest(self, eval_examples: Any = None) -> dict[str, Any]:
-        """The content-addressed JSON manifest (see ``prefect_gliner2.session_core.manifest``); it contains the training data."""
+        """The content-addressed JSON manifest (see ``prefect_gliner2.session_core.manifest``); it contains the training
+        data."""
         from prefect_gliner2.session_core.manifest import build_manifest
 
         return build_manifest(self, eval_examples)
@@ -382,7 +416,8 @@ class ManagedTrainingPlan:
 
     @classmethod
     def from_manifest(cls, manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -> LoadedManifest:
-        """Verify a manifest (dict or URI) and rebuild its plan; returns ``LoadedManifest`` (unpacks to plan, eval_records)."""
+        """Verify a manifest (dict or URI) and rebuild its plan; returns ``LoadedManifest`` (unpacks to plan,
+        eval_records)."""
         from prefect_gliner2.session_core.manifest import load_manifest
 
         return load_manifest(manifest_or_uri)

@@ -13,8 +13,14 @@ from typing import Any
 __all__ = ["OUTPUT_KEYS", "TEXT_FORMAT_KEYS", "check_record", "key_problems", "suggest"]
 
 OUTPUT_KEYS: tuple[str, ...] = (
-    "entities", "entity_descriptions", "classifications", "json_structures", "json_descriptions",
-    "record_metadata", "relations", "relation_descriptions",
+    "entities",
+    "entity_descriptions",
+    "classifications",
+    "json_structures",
+    "json_descriptions",
+    "record_metadata",
+    "relations",
+    "relation_descriptions",
 )
 # The annotation keys the native loader lifts from a top-level {"text": ...} record.
 TEXT_FORMAT_KEYS: tuple[str, ...] = ("entities", "classifications", "relations", "json_structures")
@@ -70,7 +76,8 @@ def check_record(text: Any, output: Any) -> list[str]:
         return [f"'output' must be an object of tasks, got {type(output).__name__}"]
     problems = [
         f"unknown output key {k!r}{suggest(k, OUTPUT_KEYS)}; known keys are {list(OUTPUT_KEYS)}"
-        for k in output if k not in _OUTPUT_KEY_SET
+        for k in output
+        if k not in _OUTPUT_KEY_SET
     ]
     lowered = text.lower()
     if "entities" in output or "entity_descriptions" in output:
@@ -85,7 +92,10 @@ def check_record(text: Any, output: Any) -> list[str]:
         if key in output and not _is_map(output[key]):
             problems.append(f"'{key}' must be an object, got {type(output[key]).__name__}")
     if not problems and not (
-        output.get("entities") or output.get("classifications") or output.get("json_structures") or output.get("relations")
+        output.get("entities")
+        or output.get("classifications")
+        or output.get("json_structures")
+        or output.get("relations")
     ):
         problems.append(_NO_TASK)
     return problems
@@ -131,7 +141,9 @@ def _check_entities(output: Mapping[str, Any], text: str, lowered: str, problems
         if not isinstance(etype, str) or not etype:
             problems.append(f"entity type {etype!r} must be a non-empty string")
         if not isinstance(mentions, list):
-            problems.append(f"entities[{etype!r}] must be a list of mentions, got {type(mentions).__name__}; wrap it in a list")
+            problems.append(
+                f"entities[{etype!r}] must be a list of mentions, got {type(mentions).__name__}; wrap it in a list"
+            )
             continue
         for mention in mentions:
             if isinstance(mention, str):  # the common case, inlined
@@ -145,7 +157,9 @@ def _check_entities(output: Mapping[str, Any], text: str, lowered: str, problems
     if descriptions is None:
         return
     if not _is_map(descriptions):
-        problems.append(f"'entity_descriptions' must be an object of type -> description, got {type(descriptions).__name__}")
+        problems.append(
+            f"'entity_descriptions' must be an object of type -> description, got {type(descriptions).__name__}"
+        )
         return
     declared = entities if isinstance(entities, Mapping) else {}
     for etype, desc in descriptions.items():
@@ -204,7 +218,8 @@ def _check_classification_extras(task: Mapping[str, Any], name: Any, labels: lis
             return
         problems.extend(
             f"example {j} for task {name!r} must be an [input, output] pair"
-            for j, ex in enumerate(examples) if not isinstance(ex, (list, tuple)) or len(ex) != 2
+            for j, ex in enumerate(examples)
+            if not isinstance(ex, (list, tuple)) or len(ex) != 2
         )
 
 

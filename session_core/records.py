@@ -11,8 +11,9 @@ Every record becomes the dict ``{"input": text, "output": {...}}``, stored as it
 sha256 of that JSON's UTF-8 bytes as its content hash. Key order inside ``output`` is KEPT as given, never sorted:
 gliner2's preprocessing reads it (entity types, structure fields and relation fields become the schema in dict
 order), so two records that differ only in key order train differently and must hash differently.
-Validation mirrors the structural checks of gliner2's ``InputExample.validate`` (mentions and values must occur in the text, case-insensitively, or be exact
-``{"text", "start", "end"}`` spans), adds type checks, and refuses unknown keys instead of ignoring them.
+Validation mirrors the structural checks of gliner2's ``InputExample.validate`` (mentions and values must occur in the
+text, case-insensitively, or be exact ``{"text", "start", "end"}`` spans), adds type checks, and refuses unknown keys
+instead of ignoring them.
 All problems are collected and reported in one ``RecordError``; no record is ever dropped.
 """
 
@@ -68,7 +69,7 @@ def _make_fast_encoder() -> Callable[[Any], str]:
         def encode(obj: Any) -> str:
             return "".join(encoder(obj, 0))
 
-        sample = {"b": [1, 2.5, -0.0, 1e300, None, True, "é\u2028\"\\"], "a": {"z": (1,), "y": ""}}
+        sample = {"b": [1, 2.5, -0.0, 1e300, None, True, 'é\u2028"\\'], "a": {"z": (1,), "y": ""}}
         if encode(sample) != record_json(sample):
             return record_json
         return encode
@@ -101,7 +102,8 @@ class Record:
 
     @property
     def example(self) -> dict[str, Any]:
-        """A fresh dict ``{"input": ..., "output": {...}}`` in the given key order (mutating it changes nothing here)."""
+        """A fresh dict ``{"input": ..., "output": {...}}`` in the given key order (mutating it changes nothing
+        here)."""
         return json.loads(self.canonical_json)
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,10 +133,13 @@ class RecordSet(Sequence[Record]):
     def __getitem__(self, index: int | slice) -> Record | RecordSet:
         if isinstance(index, slice):
             rows = range(len(self))[index]
-            return RecordSet([self._canonical[r] for r in rows], b"".join(self.digest(r) for r in rows),
-                             array("I", (self._lengths[r] for r in rows)))
+            return RecordSet(
+                [self._canonical[r] for r in rows],
+                b"".join(self.digest(r) for r in rows),
+                array("I", (self._lengths[r] for r in rows)),
+            )
         i = self._row(index)
-        return Record(self._canonical[i], self._digests[32 * i:32 * i + 32].hex(), self._lengths[i])
+        return Record(self._canonical[i], self._digests[32 * i : 32 * i + 32].hex(), self._lengths[i])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RecordSet):
@@ -177,7 +182,7 @@ class RecordSet(Sequence[Record]):
     def digest(self, row: int) -> bytes:
         """Row ``row``'s 32-byte sha256 content digest."""
         i = self._row(row)
-        return self._digests[32 * i:32 * i + 32]
+        return self._digests[32 * i : 32 * i + 32]
 
     def content_hash(self, row: int) -> str:
         return self.digest(row).hex()
@@ -248,7 +253,8 @@ class _Builder:
             tail = f"\n  ... and {more} more problem(s)" if more else ""
             blanks = f" and {self.blank_lines} blank line(s) were found" if self.blank_lines else ""
             raise RecordError(
-                f"{self.bad_rows} of {self.rows} {self.what} records are invalid{blanks} ({source}); nothing was dropped "
+                f"{self.bad_rows} of {self.rows} {self.what} records are invalid{blanks} ({source}); "
+                "nothing was dropped "
                 f"or used: fix or remove them and load again:\n  {listing}{tail}"
             )
         if not self.canonical and not allow_empty:
@@ -313,13 +319,18 @@ def _read_jsonl(uri: str, builder: _Builder) -> None:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                builder.problem(f"{uri} line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start}); re-encode the file as UTF-8")
+                builder.problem(
+                    f"{uri} line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                    "re-encode the file as UTF-8"
+                )
                 builder.bad_rows += 1
                 builder.rows += 1
                 continue
             if not line.strip():
                 builder.blank_lines += 1
-                builder.problem(f"{uri} line {line_no}: blank line; every line must hold one JSON record (remove blank lines)")
+                builder.problem(
+                    f"{uri} line {line_no}: blank line; every line must hold one JSON record (remove blank lines)"
+                )
                 continue
             try:
                 item = json.loads(line)
@@ -350,12 +361,15 @@ def _native_dict(item: Any) -> tuple[dict[str, Any] | None, list[str]]:
     if "input" in keys or "output" in keys:
         return _pick(item, ("input", "output"), ("input", "output"), "a record is {'input': text, 'output': {...}}")
     if "text" in keys and "schema" in keys:
-        return _pick(item, ("text", "schema"), ("input", "output"), "a {'text', 'schema'} record has only those two keys")
+        return _pick(
+            item, ("text", "schema"), ("input", "output"), "a {'text', 'schema'} record has only those two keys"
+        )
     if "text" in keys:
         extra = sorted(str(k) for k in keys - {"text", *TEXT_FORMAT_KEYS})
         if extra:
             return None, [
-                f"unknown top-level key(s) {extra} in a {{'text': ...}} record (only {list(TEXT_FORMAT_KEYS)} are read); "
+                f"unknown top-level key(s) {extra} in a {{'text': ...}} record "
+                f"(only {list(TEXT_FORMAT_KEYS)} are read); "
                 "use the native form {'input': text, 'output': {...}} to pass them"
             ]
         return {"input": item["text"], "output": {k: item[k] for k in TEXT_FORMAT_KEYS if k in item}}, []
@@ -365,7 +379,9 @@ def _native_dict(item: Any) -> tuple[dict[str, Any] | None, list[str]]:
     ]
 
 
-def _pick(item: Mapping[str, Any], names: tuple[str, str], canon: tuple[str, str], hint: str) -> tuple[dict | None, list[str]]:
+def _pick(
+    item: Mapping[str, Any], names: tuple[str, str], canon: tuple[str, str], hint: str
+) -> tuple[dict | None, list[str]]:
     reasons = [f"missing key {name!r}" for name in names if name not in item]
     extra = sorted(str(k) for k in item if k not in names)
     if extra:
@@ -386,7 +402,11 @@ def _from_attributes(obj: Any) -> dict[str, Any]:
     for attr, key in (("entities", "entities"), ("entity_descriptions", "entity_descriptions")):
         if getattr(obj, attr, None):
             output[key] = getattr(obj, attr)
-    for attr, key in (("classifications", "classifications"), ("structures", "json_structures"), ("relations", "relations")):
+    for attr, key in (
+        ("classifications", "classifications"),
+        ("structures", "json_structures"),
+        ("relations", "relations"),
+    ):
         if getattr(obj, attr, None):
             output[key] = as_dicts(getattr(obj, attr))
     return {"input": obj.text, "output": output}

@@ -72,7 +72,9 @@ class TrainingSession:
             model, native, device=self._device, gradient_checkpointing=bool(self.config.gradient_checkpointing)
         )
         if not isinstance(self._engine, engine_mod.SessionEngine):
-            raise ConfigError("trainer_factory must return a prefect_gliner2.session_core.engine.SessionEngine (or subclass)")
+            raise ConfigError(
+                "trainer_factory must return a prefect_gliner2.session_core.engine.SessionEngine (or subclass)"
+            )
         self._engine.prepare(self.max_steps)
         self._identity = describe_model(self._engine.model, self._engine.processor)
         self.provenance: dict[str, Any] = {"base_model_hash": self._base_hash(), "loaded_weights": None}
@@ -183,7 +185,9 @@ class TrainingSession:
         with self._lock:
             self._check_usable()
             if not self._fresh:
-                raise SessionStateError("load_state needs a fresh session (no forward_backward, optim_step or load yet)")
+                raise SessionStateError(
+                    "load_state needs a fresh session (no forward_backward, optim_step or load yet)"
+                )
             checkpoint = read_checkpoint(uri)
             self.restore_payload(checkpoint)
             return checkpoint.meta
@@ -195,7 +199,9 @@ class TrainingSession:
         with self._lock:
             self._check_usable()
             if not self._fresh:
-                raise SessionStateError("load_weights needs a fresh session: it starts a new run from the given weights")
+                raise SessionStateError(
+                    "load_weights needs a fresh session: it starts a new run from the given weights"
+                )
             report = load_weights(self, uri)
             self._fresh = False
             self.provenance["loaded_weights"] = report
@@ -233,9 +239,7 @@ class TrainingSession:
         """All continuation state as checkpoint files plus the index meta."""
         engine = self._engine
         named = list(engine.model.named_parameters())
-        weights = (
-            {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
-        )
+        weights = {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
         rng_meta, rng_tensors = capture_rng(self._device)
         grads = capture_grads(named)
         state = {
@@ -315,7 +319,9 @@ class TrainingSession:
             raise
         except Exception as exc:
             self._fail("load_state failed part-way")
-            raise CheckpointError(f"checkpoint {checkpoint.uri} could not be restored: {type(exc).__name__}: {exc}") from exc
+            raise CheckpointError(
+                f"checkpoint {checkpoint.uri} could not be restored: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _copy_weights(self, weights: dict[str, torch.Tensor]) -> None:
         engine = self._engine
@@ -325,12 +331,17 @@ class TrainingSession:
             target = dict(engine.model.state_dict())
         missing, unexpected = sorted(set(target) - set(weights)), sorted(set(weights) - set(target))
         if missing or unexpected:
-            raise StateMismatchError(f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise StateMismatchError(
+                f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         with torch.no_grad():
             for name, tensor in target.items():
                 source = weights[name]
                 if source.shape != tensor.shape or source.dtype != tensor.dtype:
-                    raise StateMismatchError(f"{name}: checkpoint {tuple(source.shape)}/{source.dtype}, model {tuple(tensor.shape)}/{tensor.dtype}")
+                    raise StateMismatchError(
+                        f"{name}: checkpoint {tuple(source.shape)}/{source.dtype}, "
+                        f"model {tuple(tensor.shape)}/{tensor.dtype}"
+                    )
                 tensor.copy_(source)
 
     # ---- compatibility -------------------------------------------------------------------------------------
@@ -351,15 +362,21 @@ class TrainingSession:
         if checkpoint.meta.get("kind") not in (SESSION_KIND, "managed"):
             raise CheckpointError(f"{checkpoint.uri} is not a training-session checkpoint")
         saved, here = checkpoint.meta.get("compat", {}), self._compat()
-        diffs = [f"{k}: checkpoint {saved.get(k)!r} != session {here[k]!r}" for k in
-                 ("max_steps", "base_model_hash", "device_type", "dtype", "cpu_threads", "trainer") if saved.get(k) != here[k]]
-        diffs += [f"training config {k}: checkpoint {v[0]!r} != session {v[1]!r}"
-                  for k, v in _dict_diff(saved.get("training", {}), here["training"]).items()]
+        diffs = [
+            f"{k}: checkpoint {saved.get(k)!r} != session {here[k]!r}"
+            for k in ("max_steps", "base_model_hash", "device_type", "dtype", "cpu_threads", "trainer")
+            if saved.get(k) != here[k]
+        ]
+        diffs += [
+            f"training config {k}: checkpoint {v[0]!r} != session {v[1]!r}"
+            for k, v in _dict_diff(saved.get("training", {}), here["training"]).items()
+        ]
         diffs += model_differences(saved.get("model", {}), here["model"])
         if diffs:
             raise StateMismatchError(
                 "load_state needs the same training, model and sampling configuration, device type and thread count; "
-                f"differences: {'; '.join(diffs[:8])}" + (f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else "")
+                f"differences: {'; '.join(diffs[:8])}"
+                + (f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else "")
                 + ". Recreate the session exactly as the checkpoint's run did, or use load_weights to start a new run"
             )
 
@@ -423,4 +440,3 @@ def _versions() -> dict[str, str]:
     import gliner2
 
     return {"torch": torch.__version__, "gliner2": getattr(gliner2, "__version__", "?")}
-

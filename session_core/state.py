@@ -76,7 +76,9 @@ def restore_rng(meta: dict[str, Any], tensors: dict[str, torch.Tensor], device: 
     if device.type == "cuda":
         count = int(meta.get("cuda_devices", 0))
         if count != torch.cuda.device_count():
-            raise CheckpointError(f"checkpoint holds RNG state for {count} CUDA device(s), this machine has {torch.cuda.device_count()}")
+            raise CheckpointError(
+                f"checkpoint holds RNG state for {count} CUDA device(s), this machine has {torch.cuda.device_count()}"
+            )
         torch.cuda.set_rng_state_all([tensors[f"cuda_{i}"] for i in range(count)])
 
 
@@ -96,14 +98,17 @@ def restore_grads(named: Iterable[tuple[str, torch.nn.Parameter]], grads: dict[s
             parameter.grad = None
             continue
         if grad.shape != parameter.shape or grad.dtype != parameter.dtype:
-            raise CheckpointError(f"pending gradient {name} is {tuple(grad.shape)}/{grad.dtype}, parameter is {tuple(parameter.shape)}/{parameter.dtype}")
+            raise CheckpointError(
+                f"pending gradient {name} is {tuple(grad.shape)}/{grad.dtype}, "
+                f"parameter is {tuple(parameter.shape)}/{parameter.dtype}"
+            )
         parameter.grad = grad.to(parameter.device).clone()
 
 
 def canonical_name(name: str) -> str:
     """A parameter name as the plain gliner2 model spells it, with PEFT wrapping removed."""
     if name.startswith("base_model.model."):
-        name = name[len("base_model.model."):]
+        name = name[len("base_model.model.") :]
     return name.replace(".base_layer.", ".")
 
 

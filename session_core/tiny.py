@@ -12,8 +12,8 @@ boundary heads on top. Nothing touches the network, so the builders work with
     build_tiny_encoder_dir(dir, seed=0)       -> BERT encoder directory (config, weights, tokenizer)
 
 Determinism: the same arguments give byte-identical files (``model.safetensors``,
-``config.json``, tokenizer files), across processes and hash seeds. Building seeds torch locally and restores every global RNG it could touch
-(torch CPU/CUDA, ``random``, numpy), so callers' RNG streams are unchanged.
+``config.json``, tokenizer files), across processes and hash seeds. Building seeds torch locally and restores every
+global RNG it could touch (torch CPU/CUDA, ``random``, numpy), so callers' RNG streams are unchanged.
 
 Heavy modules (torch, transformers, tokenizers, gliner2) are imported inside
 the functions, so importing this module costs nothing.
@@ -209,8 +209,12 @@ def tiny_encoder_config(
     )
     if encoder == "deberta-v2":
         # position_buckets is read by the model (getattr) but not declared by the config class: hence the dict
-        deberta: dict[str, Any] = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "type_vocab_size": 0,
-                                   "position_buckets": 32}
+        deberta: dict[str, Any] = {
+            "relative_attention": True,
+            "pos_att_type": ["p2c", "c2p"],
+            "type_vocab_size": 0,
+            "position_buckets": 32,
+        }
         return DebertaV2Config(**common, **deberta)
     return BertConfig(**common, type_vocab_size=2)
 
@@ -400,12 +404,8 @@ def build_tiny_model(
             return AutoExtractor.from_pretrained(str(path))
 
     if directory is not None:
-        path = save_tiny_model(
-            directory, architecture, seed, hidden_size=hidden_size, num_layers=num_layers, **kwargs
-        )
+        path = save_tiny_model(directory, architecture, seed, hidden_size=hidden_size, num_layers=num_layers, **kwargs)
         return load(path)
     with tempfile.TemporaryDirectory(prefix="tiny-gliner2-") as tmp:
-        path = save_tiny_model(
-            tmp, architecture, seed, hidden_size=hidden_size, num_layers=num_layers, **kwargs
-        )
+        path = save_tiny_model(tmp, architecture, seed, hidden_size=hidden_size, num_layers=num_layers, **kwargs)
         return load(path)

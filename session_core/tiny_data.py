@@ -1,8 +1,8 @@
 """Tiny offline data for tests, benchmarks and demos: the fixed vocabulary and seeded native training records.
 
-Torch-free. `prefect_gliner2.session_core.tiny` builds the tokenizer and models over this vocabulary; `tiny_records(n, seed)`
-draws records whose every mention occurs in the text, from private `random.Random` instances (never the global
-stream), so record i depends only on (seed, i).
+Torch-free. `prefect_gliner2.session_core.tiny` builds the tokenizer and models over this vocabulary;
+`tiny_records(n, seed)` draws records whose every mention occurs in the text, from private `random.Random` instances
+(never the global stream), so record i depends only on (seed, i).
 """
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["GLINER2_SPECIAL_TOKENS", "TINY_ENTITY_TYPES", "TINY_SPECIAL_TOKENS", "TINY_WORDS", "tiny_records", "tiny_vocab"]
+__all__ = [
+    "GLINER2_SPECIAL_TOKENS",
+    "TINY_ENTITY_TYPES",
+    "TINY_SPECIAL_TOKENS",
+    "TINY_WORDS",
+    "tiny_records",
+    "tiny_vocab",
+]
 
 # BERT-style specials first, so [PAD] is id 0 (BertConfig.pad_token_id default).
 TINY_SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

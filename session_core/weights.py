@@ -35,8 +35,13 @@ if TYPE_CHECKING:
     from .session import TrainingSession
 
 EXPORT_FILE = "export.json"
-_WIDENING = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
-             (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
+_WIDENING = {
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float64),
+    (torch.bfloat16, torch.float64),
+    (torch.float32, torch.float64),
+}
 
 
 # ---- load ----------------------------------------------------------------------------------------------------
@@ -131,7 +136,9 @@ def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
     tensors = bytes_to_tensors(checkpoint.require("weights.safetensors"), "weights.safetensors")
     architecture = meta.get("compat", {}).get("model", {}).get("architecture")
     if architecture != session.architecture:
-        raise WeightsError(f"{uri} holds a {architecture!r} model; this session trains a {session.architecture!r} model")
+        raise WeightsError(
+            f"{uri} holds a {architecture!r} model; this session trains a {session.architecture!r} model"
+        )
     if saved_lora and not session.is_lora:
         raise WeightsError(
             f"{uri} holds only a LoRA adapter; export it with merged=True and load the merged model for full training"
@@ -147,7 +154,12 @@ def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
         _check_and_copy(live, tensors, uri)
     else:
         _copy_base(session, {canonical_name(n): t for n, t in tensors.items()}, uri)
-    return {"kind": "checkpoint", "uri": uri, "step": meta.get("step"), "weights_sha256": tensors_digest(tensors.items())}
+    return {
+        "kind": "checkpoint",
+        "uri": uri,
+        "step": meta.get("step"),
+        "weights_sha256": tensors_digest(tensors.items()),
+    }
 
 
 def _copy_base(session: TrainingSession, tensors: Mapping[str, torch.Tensor], uri: str) -> None:
@@ -172,7 +184,8 @@ def _check_and_copy(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torc
             problems.append(f"{name}: contains non-finite values")
     if problems:
         raise WeightsError(
-            f"load_weights refused {uri} (nothing was copied): " + "; ".join(problems[:6])
+            f"load_weights refused {uri} (nothing was copied): "
+            + "; ".join(problems[:6])
             + (f" (and {len(problems) - 6} more)" if len(problems) > 6 else "")
             + ". Pass weights saved from the same model architecture and size"
         )
@@ -184,13 +197,25 @@ def _check_and_copy(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torc
 # ---- export --------------------------------------------------------------------------------------------------
 
 
-def export_weights(session: TrainingSession, uri: str, *, merged: bool = False,
-                   state: Mapping[str, torch.Tensor] | None = None, label: str = "final") -> dict[str, Any]:
+def export_weights(
+    session: TrainingSession,
+    uri: str,
+    *,
+    merged: bool = False,
+    state: Mapping[str, torch.Tensor] | None = None,
+    label: str = "final",
+) -> dict[str, Any]:
     """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds)."""
     if merged and not session.is_lora:
         raise WeightsError("merged=True applies to LoRA sessions only; a full-weight export is already merged")
-    info = {"label": label, "step": session.step, "architecture": session.architecture, "lora": session.is_lora,
-            "base_model_hash": session.provenance["base_model_hash"], "merged": merged}
+    info = {
+        "label": label,
+        "step": session.step,
+        "architecture": session.architecture,
+        "lora": session.is_lora,
+        "base_model_hash": session.provenance["base_model_hash"],
+        "merged": merged,
+    }
     with _staging(uri) as staging:
         if not session.is_lora and state is None:
             unwrap(session.model).save_pretrained(str(staging))

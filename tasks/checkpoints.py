@@ -46,15 +46,34 @@ def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
         return info
     faults.hit("cursor", index)
     run.lease.check()
-    cursor = DurableCursor(checkpoint=name, cursor=info["cursor"], step=info["step"], epoch=info["epoch"],
-                           finished=info["finished"], fingerprint=run.fingerprint)
+    cursor = DurableCursor(
+        checkpoint=name,
+        cursor=info["cursor"],
+        step=info["step"],
+        epoch=info["epoch"],
+        finished=info["finished"],
+        fingerprint=run.fingerprint,
+    )
     info["cursor_moved"] = run.run_dir.commit_cursor(cursor)
     info["name"] = name
     logger.info("checkpoint %s committed%s", name, "" if info["cursor_moved"] else " (cursor already past it)")
     emit_event(
         event=CHECKPOINT_EVENT,
         resource=run_resource(run_key),
-        payload={k: info.get(k) for k in ("name", "uri", "cursor", "step", "epoch", "finished", "best_metric", "best_step",
-                                          "existing", "cursor_moved")},
+        payload={
+            k: info.get(k)
+            for k in (
+                "name",
+                "uri",
+                "cursor",
+                "step",
+                "epoch",
+                "finished",
+                "best_metric",
+                "best_step",
+                "existing",
+                "cursor_moved",
+            )
+        },
     )
     return info

@@ -24,22 +24,40 @@ __all__ = ["evaluate_models", "evaluate_models_here"]
 
 
 @task(name="evaluate-models", cache_policy=NO_CACHE, persist_result=False)
-def evaluate_models(models: Mapping[str, str], base_model: str, valid_data: str | list[str],
-                    config: Mapping[str, Any], cpu_threads: int = 1, device: str | None = None) -> dict[str, Any]:
+def evaluate_models(
+    models: Mapping[str, str],
+    base_model: str,
+    valid_data: str | list[str],
+    config: Mapping[str, Any],
+    cpu_threads: int = 1,
+    device: str | None = None,
+) -> dict[str, Any]:
     """{label: metrics} for each {label: model directory}, computed in one fresh spawned process."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        results: dict[str, Any] = pool.submit(evaluate_models_here, dict(models), base_model, valid_data,
-                                              dict(config), cpu_threads, device).result()
+        results: dict[str, Any] = pool.submit(
+            evaluate_models_here, dict(models), base_model, valid_data, dict(config), cpu_threads, device
+        ).result()
     logger = get_run_logger()
     for label, metrics in results.items():
-        logger.info("%s (%s): eval_loss %.6f on %d held-out examples", label, metrics["uri"], metrics["eval_loss"],
-                    metrics["examples"])
+        logger.info(
+            "%s (%s): eval_loss %.6f on %d held-out examples",
+            label,
+            metrics["uri"],
+            metrics["eval_loss"],
+            metrics["examples"],
+        )
     return results
 
 
-def evaluate_models_here(models: Mapping[str, str], base_model: str, valid_data: str | list[str],
-                         config: Mapping[str, Any], cpu_threads: int = 1, device: str | None = None) -> dict[str, Any]:
+def evaluate_models_here(
+    models: Mapping[str, str],
+    base_model: str,
+    valid_data: str | list[str],
+    config: Mapping[str, Any],
+    cpu_threads: int = 1,
+    device: str | None = None,
+) -> dict[str, Any]:
     """The evaluation itself (runs in the child; imports torch)."""
     import torch
 
@@ -54,7 +72,7 @@ def evaluate_models_here(models: Mapping[str, str], base_model: str, valid_data:
     settings = TrainingConfig.from_dict(dict(config))
     pairs = to_pairs(load_records(valid_data, what="validation").examples())
     size = settings.eval_batch_size
-    batches = [pairs[i:i + size] for i in range(0, len(pairs), size)]
+    batches = [pairs[i : i + size] for i in range(0, len(pairs), size)]
     results: dict[str, Any] = {}
     for label, uri in models.items():
         session = TrainingSession(load_model(base_model), settings, max_steps=1, device=device)
@@ -66,8 +84,12 @@ def evaluate_models_here(models: Mapping[str, str], base_model: str, valid_data:
                 for key, source in EVAL_SOURCES.items():
                     totals[key] += losses[source]
             metrics: dict[str, Any] = {key: value / len(batches) for key, value in totals.items()}
-            metrics.update(uri=uri, examples=len(pairs), base_model_hash=session.provenance["base_model_hash"],
-                           weights_sha256=loaded.get("weights_sha256") or loaded.get("adapter_sha256"))
+            metrics.update(
+                uri=uri,
+                examples=len(pairs),
+                base_model_hash=session.provenance["base_model_hash"],
+                weights_sha256=loaded.get("weights_sha256") or loaded.get("adapter_sha256"),
+            )
             results[label] = metrics
         finally:
             session.close()

@@ -41,7 +41,9 @@ def position_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     if incarnation is None:
         return None
     op = context.task.name if context is not None else "?"
-    position = f"{parameters.get('first', parameters.get('index'))}-{parameters.get('through', parameters.get('index'))}"
+    position = (
+        f"{parameters.get('first', parameters.get('index'))}-{parameters.get('through', parameters.get('index'))}"
+    )
     material = "\x1f".join(["prefect-gliner2/v1", run.run_key, run.content_address, op, position, incarnation])
     return hashlib.sha256(material.encode()).hexdigest()
 
@@ -53,17 +55,25 @@ def call_worker(run_key: str, op: str, **args: Any) -> Any:
     if run.worker.start():
         logger.warning(
             "session worker for run %s (re)started from %s; replaying deterministically from there",
-            run_key, run.worker.restored_from or "the start of the plan",
+            run_key,
+            run.worker.restored_from or "the start of the plan",
         )
     return run.worker.call(op, **args)
 
 
 # Operations on the worker: transient failures (worker death) are retried from the newest checkpoint,
 # deterministic ones fail at once. Position operations are cached per worker incarnation (position_cache_key).
-RETRYING: dict[str, Any] = {"retries": TASK_RETRIES, "retry_delay_seconds": RETRY_DELAY_SECONDS,
-                            "retry_condition_fn": retry_if_transient}
-POSITION_TASK: dict[str, Any] = {"cache_key_fn": position_cache_key, "cache_expiration": CACHE_EXPIRATION,
-                                 "persist_result": True, **RETRYING}
+RETRYING: dict[str, Any] = {
+    "retries": TASK_RETRIES,
+    "retry_delay_seconds": RETRY_DELAY_SECONDS,
+    "retry_condition_fn": retry_if_transient,
+}
+POSITION_TASK: dict[str, Any] = {
+    "cache_key_fn": position_cache_key,
+    "cache_expiration": CACHE_EXPIRATION,
+    "persist_result": True,
+    **RETRYING,
+}
 
 
 @task(
@@ -75,5 +85,7 @@ def train_batches(run_key: str, first: int, through: int) -> dict[str, Any]:
     """Advance the session through batch `through` (training `first`..`through`); returns their update metrics."""
     result = call_worker(run_key, "advance", first=first, through=through)
     if result["replayed"]:
-        get_run_logger().info("replayed %d batch(es) before batch %d from the restored checkpoint", result["replayed"], first)
+        get_run_logger().info(
+            "replayed %d batch(es) before batch %d from the restored checkpoint", result["replayed"], first
+        )
     return dict(result)

@@ -26,7 +26,11 @@ def validate(run_key: str, index: int) -> dict[str, Any]:
     metrics = result.get("metrics") or {}
     get_run_logger().info(
         "validation after batch %d (step %s): eval_loss %s; best %s at step %s%s",
-        index, result.get("step"), metrics.get("eval_loss"), result.get("best_metric"), result.get("best_step"),
+        index,
+        result.get("step"),
+        metrics.get("eval_loss"),
+        result.get("best_metric"),
+        result.get("best_step"),
         "; early stopping" if result.get("stopped_early") else "",
     )
     return dict(result)

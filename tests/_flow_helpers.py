@@ -26,8 +26,12 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> str:
 
 def make_space(root: Path) -> dict[str, Any]:
     """What the flow test modules share per module: inputs and one tiny model directory per architecture."""
-    return {"root": root, "inputs": make_inputs(root / "data"), "span": tiny_model_dir(root, "span"),
-            "boundary": tiny_model_dir(root, "boundary")}
+    return {
+        "root": root,
+        "inputs": make_inputs(root / "data"),
+        "span": tiny_model_dir(root, "span"),
+        "boundary": tiny_model_dir(root, "boundary"),
+    }
 
 
 def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
@@ -43,8 +47,18 @@ def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict
 
 def config(**overrides: Any) -> dict[str, Any]:
     values: dict[str, Any] = dict(
-        fp16=False, bf16=False, batch_size=2, gradient_accumulation_steps=2, num_epochs=2, eval_strategy="epoch",
-        seed=11, encoder_lr=1e-3, task_lr=2e-3, warmup_ratio=0.2, lora_r=4, lora_alpha=8.0,
+        fp16=False,
+        bf16=False,
+        batch_size=2,
+        gradient_accumulation_steps=2,
+        num_epochs=2,
+        eval_strategy="epoch",
+        seed=11,
+        encoder_lr=1e-3,
+        task_lr=2e-3,
+        warmup_ratio=0.2,
+        lora_r=4,
+        lora_alpha=8.0,
     )
     values.update(overrides)
     if values.get("use_lora"):
@@ -62,8 +76,9 @@ def tiny_model_dir(root: Path, architecture: str) -> str:
     return str(path)
 
 
-def reference_export(model: str, inputs: dict[str, str], cfg: dict[str, Any], out: Path, *,
-                     with_valid: bool = True) -> str:
+def reference_export(
+    model: str, inputs: dict[str, str], cfg: dict[str, Any], out: Path, *, with_valid: bool = True
+) -> str:
     """Export of a direct, uninterrupted in-process ManagedTraining run of the same plan (cached per input)."""
     key = (model, inputs["train"], inputs["valid"] if with_valid else None, json.dumps(cfg, sort_keys=True))
     if key in _REFERENCES:
@@ -125,11 +140,19 @@ def flow_child(params: dict[str, Any], env: dict[str, str], api_url: str) -> sub
     """Run train_flow in a fresh interpreter (tests/_flow_child.py) against the shared test server."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api_url, **env)
     params = {"cpu_threads": THREADS, **params}
-    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "_flow_child.py"), json.dumps(params)],
-                            cwd=str(ROOT), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "_flow_child.py"), json.dumps(params)],
+        cwd=str(ROOT),
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-def wait_for_marker(markers: Path, name: str, process: subprocess.Popen[str] | None = None, timeout: float = 120) -> int:
+def wait_for_marker(
+    markers: Path, name: str, process: subprocess.Popen[str] | None = None, timeout: float = 120
+) -> int:
     """Wait until a test hook wrote markers/<name>; returns the pid recorded in it."""
     path = markers / name
     deadline = time.monotonic() + timeout
@@ -137,8 +160,9 @@ def wait_for_marker(markers: Path, name: str, process: subprocess.Popen[str] | N
         if path.exists():
             return int(path.read_text())
         if process is not None and process.poll() is not None:
-            raise AssertionError(f"process exited ({process.returncode}) before {name}:\n{process.stdout.read() if process.stdout else ''}")
+            raise AssertionError(
+                f"process exited ({process.returncode}) before {name}:\n"
+                f"{process.stdout.read() if process.stdout else ''}"
+            )
         time.sleep(0.05)
     raise AssertionError(f"marker {name} did not appear within {timeout} s")
-
-

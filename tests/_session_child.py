@@ -29,8 +29,19 @@ def main() -> None:
         managed = ManagedTraining(session, plan, eval_examples=eval_records() if args.get("eval") else None)
         managed.load_state(args["checkpoint"])
         summary = managed.run()
-        result.update({k: summary[k] for k in ("train_metrics_history", "eval_metrics_history", "best_metric",
-                                               "best_step", "total_steps", "stopped_early")})
+        result.update(
+            {
+                k: summary[k]
+                for k in (
+                    "train_metrics_history",
+                    "eval_metrics_history",
+                    "best_metric",
+                    "best_step",
+                    "total_steps",
+                    "stopped_early",
+                )
+            }
+        )
         if args.get("export"):
             managed.export_weights(args["export"])
     safetensors.torch.save_file(snapshot(session), args["out"])

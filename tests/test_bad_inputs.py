@@ -51,7 +51,9 @@ def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lora.export_weights(str(root / "lora"))
     lora.close()
     write_manifest(plan.to_manifest(eval_examples=eval_records()), str(root / "manifest.json"))
-    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in make_plan("span", config).records.examples(range(3))))
+    (root / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in make_plan("span", config).records.examples(range(3)))
+    )
     return root
 
 
@@ -73,7 +75,7 @@ Case = Callable[[Path], Callable[[], Any]]  # prepare (may damage the copy) -> t
 
 
 def now(action: Callable[[Path], Any]) -> Case:
-    return lambda root: (lambda: action(root))
+    return lambda root: lambda: action(root)
 
 
 def _config(**kw: Any) -> Case:
@@ -86,6 +88,7 @@ def _edit_json(name: str, change: Callable[[dict], None]) -> Callable[[Path], Pa
         change(data)
         (root / name).write_text(json.dumps(data))
         return root / name
+
     return prepare
 
 
@@ -103,7 +106,11 @@ def _bad_jsonl(root: Path) -> Callable[[], Any]:
 
 def _manifest_edit(root: Path) -> Callable[[], Any]:
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["examples"][0] = manifest["examples"][0].replace("a", "b", 1) if isinstance(manifest["examples"][0], str) else {**manifest["examples"][0], "input": "edited"}
+    manifest["examples"][0] = (
+        manifest["examples"][0].replace("a", "b", 1)
+        if isinstance(manifest["examples"][0], str)
+        else {**manifest["examples"][0], "input": "edited"}
+    )
     (root / "manifest.json").write_text(json.dumps(manifest))
     return lambda: ManagedTrainingPlan.from_manifest(str(root / "manifest.json"))
 
@@ -119,6 +126,7 @@ def _ckpt(change: Callable[[Path], None]) -> Case:
     def prepare(root: Path) -> Callable[[], Any]:
         change(root / "ckpt")
         return lambda: span_session().load_state(str(root / "ckpt"))
+
     return prepare
 
 
@@ -158,7 +166,9 @@ def _missing_shard(root: Path) -> Callable[[], Any]:
     shard = root / "sharded"
     shard.mkdir()
     (shard / "config.json").write_bytes((root / "model" / "config.json").read_bytes())
-    (shard / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    (shard / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}})
+    )
     return lambda: span_session().load_weights(str(shard))
 
 
@@ -172,7 +182,9 @@ def _adapter_type(root: Path) -> Callable[[], Any]:
 def _managed_metric(root: Path) -> Any:
     config = make_config("span", False, metric_for_best="f1")
     plan = make_plan("span", config)
-    return ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records())
+    return ManagedTraining(
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+    )
 
 
 CASES: list[tuple[str, Case, type[Exception], str]] = [
@@ -185,13 +197,21 @@ CASES: list[tuple[str, Case, type[Exception], str]] = [
     ("config: capacity policy", _config(on_capacity_exceeded="skip_sample"), ConfigError, "on_capacity_exceeded"),
     ("config: invalid samples", _config(allow_invalid_samples=True), ConfigError, "allow_invalid_samples"),
     ("config: sample caps", _config(max_train_samples=10), ConfigError, "max_train_samples"),
-    ("config: unknown field", now(lambda root: TrainingConfig.from_dict({"fp16": False, "bf16": False, "batch_sise": 2})),
-     ConfigError, "batch_size"),
+    (
+        "config: unknown field",
+        now(lambda root: TrainingConfig.from_dict({"fp16": False, "bf16": False, "batch_sise": 2})),
+        ConfigError,
+        "batch_size",
+    ),
     ("config: wrong type", _config(batch_size="8"), ConfigError, "batch_size"),
     ("config: bad range", _config(gradient_accumulation_steps=0), ConfigError, "gradient_accumulation_steps"),
     ("records: no input", _records([{"output": {"entities": {"person": []}}}]), RecordError, "row 0"),
-    ("records: mention not in text", _records([GOOD, {"input": "Bob is here.", "output": {"entities": {"person": ["Carol"]}}}]),
-     RecordError, "row 1"),
+    (
+        "records: mention not in text",
+        _records([GOOD, {"input": "Bob is here.", "output": {"entities": {"person": ["Carol"]}}}]),
+        RecordError,
+        "row 1",
+    ),
     ("records: empty", _records([]), RecordError, "empty"),
     ("records: malformed JSONL line", _bad_jsonl, RecordError, "line 2"),
     ("manifest: edited", _manifest_edit, ManifestError, "content address"),
@@ -199,9 +219,18 @@ CASES: list[tuple[str, Case, type[Exception], str]] = [
     ("checkpoint: truncated", _ckpt(_truncate), CheckpointError, "truncated"),
     ("checkpoint: missing file", _ckpt(_drop_file), CheckpointError, "missing gradients.safetensors"),
     ("checkpoint: broken index", _ckpt(_garbage_index), CheckpointError, "not valid JSON"),
-    ("checkpoint: plain directory", now(lambda root: span_session().load_state(str(root / "model"))), CheckpointError,
-     "no committed checkpoint"),
-    ("checkpoint: immutable destination", now(lambda root: span_session().save_state(str(root / "ckpt"))), CheckpointError, "immutable"),
+    (
+        "checkpoint: plain directory",
+        now(lambda root: span_session().load_state(str(root / "model"))),
+        CheckpointError,
+        "no committed checkpoint",
+    ),
+    (
+        "checkpoint: immutable destination",
+        now(lambda root: span_session().save_state(str(root / "ckpt"))),
+        CheckpointError,
+        "immutable",
+    ),
     ("weights: pickled .bin only", _pickled_model, WeightsError, "Pickled"),
     ("weights: wrong shapes", _wrong_shapes, WeightsError, "shape"),
     ("weights: missing shard", _missing_shard, WeightsError, "missing"),
@@ -209,10 +238,19 @@ CASES: list[tuple[str, Case, type[Exception], str]] = [
     ("weights: adapter into full session", _weights_from("lora/adapter"), WeightsError, "use_lora=True"),
     ("adapter: different rank", _weights_from("lora/adapter", lora=True, lora_r=2), AdapterMismatchError, "lora_r"),
     ("adapter: not LoRA", _adapter_type, AdapterMismatchError, "IA3"),
-    ("export: onto a non-empty directory", now(lambda root: span_session().export_weights(str(root / "model"))), WeightsError, "already exists"),
+    (
+        "export: onto a non-empty directory",
+        now(lambda root: span_session().export_weights(str(root / "model"))),
+        WeightsError,
+        "already exists",
+    ),
     ("session: CPU bf16", now(lambda root: span_session(bf16=True)), PrecisionError, "bf16"),
-    ("session: max_steps 0", now(lambda root: TrainingSession(make_model("span"), make_config("span", False), max_steps=0)),
-     ConfigError, "max_steps"),
+    (
+        "session: max_steps 0",
+        now(lambda root: TrainingSession(make_model("span"), make_config("span", False), max_steps=0)),
+        ConfigError,
+        "max_steps",
+    ),
     ("session: a single record as batch", now(lambda root: span_session().forward_backward(GOOD)), RecordError, "list"),
     ("managed: unknown metric", now(_managed_metric), ConfigError, "metric_for_best"),
 ]

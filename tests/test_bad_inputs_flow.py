@@ -61,17 +61,30 @@ def digest(root: Path) -> str:
 
 def flow_params(root: Path, **overrides: Any) -> dict[str, Any]:
     data = root / "data"
-    values: dict[str, Any] = dict(model="tiny:span", train_data=str(data / "train.jsonl"),
-                                  valid_data=str(data / "valid.jsonl"), config=config(), run_key="fresh",
-                                  storage=str(root / "runs"), cpu_threads=1)
+    values: dict[str, Any] = dict(
+        model="tiny:span",
+        train_data=str(data / "train.jsonl"),
+        valid_data=str(data / "valid.jsonl"),
+        config=config(),
+        run_key="fresh",
+        storage=str(root / "runs"),
+        cpu_threads=1,
+    )
     values.update(overrides)
     return values
 
 
 def cli_args(root: Path, *extra: str, **overrides: str) -> list[str]:
     data = root / "data"
-    values = {"--model": "tiny:span", "--train": str(data / "train.jsonl"), "--valid": str(data / "valid.jsonl"),
-              "--config": str(data / "config.json"), "--run-key": "fresh", "--storage": str(root / "runs"), **overrides}
+    values = {
+        "--model": "tiny:span",
+        "--train": str(data / "train.jsonl"),
+        "--valid": str(data / "valid.jsonl"),
+        "--config": str(data / "config.json"),
+        "--run-key": "fresh",
+        "--storage": str(root / "runs"),
+        **overrides,
+    }
     return ["train", *[item for pair in values.items() for item in pair if item is not None], *extra]
 
 
@@ -80,6 +93,7 @@ def _flow(**overrides: Any) -> Callable[[Path], Any]:
         from prefect_gliner2.flows.train import train_flow
 
         return train_flow(**flow_params(root, **overrides))
+
     return call
 
 
@@ -96,53 +110,113 @@ def _validation_error() -> type[Exception]:
 CLI = "exit 2"
 CASES: list[Any] = [
     # ---- console script: exit 2, the message on stderr --------------------------------------------------------
-    ("cli: --train missing", lambda root: main(["train", "--model", "tiny:span", "--config", "x.json"]), CLI,
-     ["the following arguments are required: --train"]),
+    (
+        "cli: --train missing",
+        lambda root: main(["train", "--model", "tiny:span", "--config", "x.json"]),
+        CLI,
+        ["the following arguments are required: --train"],
+    ),
     ("cli: --batches-per-task 0", _cli("--batches-per-task", "0"), CLI, ["--batches-per-task", "must be >= 1, got 0"]),
     ("cli: --cpu-threads -2", _cli("--cpu-threads", "-2"), CLI, ["--cpu-threads", "must be >= 0, got -2"]),
-    ("cli: config file is not valid JSON", lambda root: main(cli_args(root, **{"--config": str(root / "data/broken.json")})),
-     CLI, ["broken.json"]),
-    ("cli: unknown field in a YAML config", lambda root: main(cli_args(root, **{"--config": str(root / "data/unknown.yaml")})),
-     CLI, ["learning_rate_schedule"]),
-    pytest.param("cli: config path is a directory",
-                 lambda root: main(cli_args(root, **{"--config": str(root / "data/not-a-file.yaml")})), CLI,
-                 ["not-a-file.yaml"]),
-    pytest.param("cli: config file does not exist",
-                 lambda root: main(cli_args(root, **{"--config": str(root / "data/none.yaml")})), CLI,
-                 ["none.yaml"]),
-    ("cli: model dir holds no model", lambda root: main(cli_args(root, **{"--model": str(root / "data/empty-model")})),
-     CLI, ["empty-model", "has no config.json", "pass a directory written by save_pretrained"]),
+    (
+        "cli: config file is not valid JSON",
+        lambda root: main(cli_args(root, **{"--config": str(root / "data/broken.json")})),
+        CLI,
+        ["broken.json"],
+    ),
+    (
+        "cli: unknown field in a YAML config",
+        lambda root: main(cli_args(root, **{"--config": str(root / "data/unknown.yaml")})),
+        CLI,
+        ["learning_rate_schedule"],
+    ),
+    pytest.param(
+        "cli: config path is a directory",
+        lambda root: main(cli_args(root, **{"--config": str(root / "data/not-a-file.yaml")})),
+        CLI,
+        ["not-a-file.yaml"],
+    ),
+    pytest.param(
+        "cli: config file does not exist",
+        lambda root: main(cli_args(root, **{"--config": str(root / "data/none.yaml")})),
+        CLI,
+        ["none.yaml"],
+    ),
+    (
+        "cli: model dir holds no model",
+        lambda root: main(cli_args(root, **{"--model": str(root / "data/empty-model")})),
+        CLI,
+        ["empty-model", "has no config.json", "pass a directory written by save_pretrained"],
+    ),
     ("cli: run key with a slash", _cli(run_key="a/b"), CLI, ["invalid run key 'a/b'", "without '..' or slashes"]),
-    pytest.param("cli: storage below a plain file",
-                 lambda root: main(cli_args(root, **{"--storage": str(root / "data/plain-file/sub")})), CLI,
-                 ["plain-file"]),
+    pytest.param(
+        "cli: storage below a plain file",
+        lambda root: main(cli_args(root, **{"--storage": str(root / "data/plain-file/sub")})),
+        CLI,
+        ["plain-file"],
+    ),
     # ---- flow parameters: the exact error class ----------------------------------------------------------------
-    ("flow: invalid TrainingConfig value", _flow(config={**config(), "batch_size": 0}), "validation",
-     ["batch_size must be >= 1"]),
-    ("flow: unknown TrainingConfig field", _flow(config={**config(), "learning_rate_schedule": "cosine"}), "validation",
-     ["learning_rate_schedule"]),
+    (
+        "flow: invalid TrainingConfig value",
+        _flow(config={**config(), "batch_size": 0}),
+        "validation",
+        ["batch_size must be >= 1"],
+    ),
+    (
+        "flow: unknown TrainingConfig field",
+        _flow(config={**config(), "learning_rate_schedule": "cosine"}),
+        "validation",
+        ["learning_rate_schedule"],
+    ),
     ("flow: pipeline_depth out of range", _flow(pipeline_depth=65), "validation", ["pipeline_depth"]),
     ("flow: unknown built-in model", _flow(model="tiny:gpt"), ConfigError, ["unknown built-in model"]),
-    ("flow: nonexistent model directory", lambda root: _flow(model=str(root / "no" / "model"))(root), ConfigError,
-     ["is not a model directory"]),
+    (
+        "flow: nonexistent model directory",
+        lambda root: _flow(model=str(root / "no" / "model"))(root),
+        ConfigError,
+        ["is not a model directory"],
+    ),
     ("flow: run key '../x'", _flow(run_key="../x"), RunKeyError, ["invalid run key '../x'", "e.g. 'ner-2024-06-01'"]),
     ("flow: empty run key", _flow(run_key=""), RunKeyError, ["invalid run key ''"]),
-    ("flow: training data file missing", lambda root: _flow(train_data=str(root / "data" / "gone.jsonl"))(root), ConfigError,
-     ["gone.jsonl", "does not exist"]),
-    ("flow: resume of an unknown run key", _flow(train_data=None, valid_data=None, config=None, run_key="never"),
-     ConfigError, ["has no manifest", "pass train_data and config"]),
-    ("flow: different manifest under a run key", _flow(run_key="taken"), RunConflictError,
-     ["already holds a different manifest", "choose a new run key"]),
-    ("flow: storage below a plain file", lambda root: _flow(storage=str(root / "data" / "plain-file" / "sub"))(root),
-     "storage", ["plain-file"]),
+    (
+        "flow: training data file missing",
+        lambda root: _flow(train_data=str(root / "data" / "gone.jsonl"))(root),
+        ConfigError,
+        ["gone.jsonl", "does not exist"],
+    ),
+    (
+        "flow: resume of an unknown run key",
+        _flow(train_data=None, valid_data=None, config=None, run_key="never"),
+        ConfigError,
+        ["has no manifest", "pass train_data and config"],
+    ),
+    (
+        "flow: different manifest under a run key",
+        _flow(run_key="taken"),
+        RunConflictError,
+        ["already holds a different manifest", "choose a new run key"],
+    ),
+    (
+        "flow: storage below a plain file",
+        lambda root: _flow(storage=str(root / "data" / "plain-file" / "sub"))(root),
+        "storage",
+        ["plain-file"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "case", "error", "words"), CASES,
-                         ids=[c.values[0] if hasattr(c, "values") else c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "case", "error", "words"), CASES, ids=[c.values[0] if hasattr(c, "values") else c[0] for c in CASES]
+)
 def test_bad_flow_input_is_refused_clearly_and_damages_nothing(
-        name: str, case: Callable[[Path], Any], error: Any, words: list[str], world: Path,
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name: str,
+    case: Callable[[Path], Any],
+    error: Any,
+    words: list[str],
+    world: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     root = tmp_path / "world"
     shutil.copytree(world, root)
     before = digest(root)
@@ -154,7 +228,9 @@ def test_bad_flow_input_is_refused_clearly_and_damages_nothing(
         message = capsys.readouterr().err
         assert code == 2, f"{name}: exit {code}\n{message}"
     else:
-        expected = _validation_error() if error == "validation" else (OSError, ConfigError) if error == "storage" else error
+        expected = (
+            _validation_error() if error == "validation" else (OSError, ConfigError) if error == "storage" else error
+        )
         with pytest.raises(expected) as raised:
             case(root)
         if error not in ("validation", "storage"):

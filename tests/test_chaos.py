@@ -40,7 +40,9 @@ def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server
     """A damaged newest checkpoint is detected, moved aside, and the run continues exactly from the previous intact
     checkpoint (never silently ignored); a failing checkpoint write (injected, or a real EFBIG) loses nothing."""
     faults = chaos.storage_faults(tmp_path, chaos.make_inputs(tmp_path / "data"), prefect_server)
-    text = "\n".join(f"{f.fault}: detected {f.detected}, exact {f.continued_exactly}; {f.error} -- {f.note}" for f in faults)
+    text = "\n".join(
+        f"{f.fault}: detected {f.detected}, exact {f.continued_exactly}; {f.error} -- {f.note}" for f in faults
+    )
     assert len(faults) == 5 and all(f.detected for f in faults), text
     for fault in faults[:3]:  # damaged newest checkpoint: quarantined, continued from the previous intact one
         assert fault.continued_exactly and "moved aside" in fault.note, text

@@ -39,8 +39,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _train_args(files: dict[str, str], **overrides: str) -> list[str]:
-    values = {"--model": "tiny:span", "--train": files["train"], "--valid": files["valid"], "--config": files["config"],
-              "--run-key": "cli", "--storage": os.path.join(files["root"], "runs"), **overrides}
+    values = {
+        "--model": "tiny:span",
+        "--train": files["train"],
+        "--valid": files["valid"],
+        "--config": files["config"],
+        "--run-key": "cli",
+        "--storage": os.path.join(files["root"], "runs"),
+        **overrides,
+    }
     return ["train", *[item for pair in values.items() for item in pair]]
 
 
@@ -55,17 +62,21 @@ def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys
             main(argv)
         assert exited.value.code == 2 and message in capsys.readouterr().err
     bad_config = Path(files["root"]) / "bad.yaml"
-    for text, message in [("fp16: false\nbf16: false\nbatch_size: 0\n", "batch_size must be >= 1"),
-                          ("fp16: false\nbf16: false\nbatch_sise: 2\n", "did you mean 'batch_size'"),
-                          ("batch_size: 2\n", "precision must be explicit")]:
+    for text, message in [
+        ("fp16: false\nbf16: false\nbatch_size: 0\n", "batch_size must be >= 1"),
+        ("fp16: false\nbf16: false\nbatch_sise: 2\n", "did you mean 'batch_size'"),
+        ("batch_size: 2\n", "precision must be explicit"),
+    ]:
         bad_config.write_text(text)
         assert main(_train_args(files, **{"--config": str(bad_config)})) == 2
         assert message in capsys.readouterr().err
-    for overrides, message in [({"--run-key": "../x"}, "invalid run key"),
-                               ({"--train": "/no/such/train.jsonl"}, "does not exist"),
-                               ({"--model": "./no/such/model"}, "is not a model directory"),
-                               ({"--model": "tiny:gpt"}, "unknown built-in model"),
-                               ({"--config": files["root"] + "/config.txt"}, "must end in .json, .yaml or .yml")]:
+    for overrides, message in [
+        ({"--run-key": "../x"}, "invalid run key"),
+        ({"--train": "/no/such/train.jsonl"}, "does not exist"),
+        ({"--model": "./no/such/model"}, "is not a model directory"),
+        ({"--model": "tiny:gpt"}, "unknown built-in model"),
+        ({"--config": files["root"] + "/config.txt"}, "must end in .json, .yaml or .yml"),
+    ]:
         assert main(_train_args(files, **overrides)) == 2
         assert message in capsys.readouterr().err
     run_dir = RunDirectory(os.path.join(files["root"], "runs"), "taken")
@@ -76,9 +87,21 @@ def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys
     assert "already holds a different manifest" in capsys.readouterr().err
 
 
-def test_plan_prints_and_writes_a_manifest(files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_prints_and_writes_a_manifest(
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "manifest.json"
-    argv = ["plan", "--model", "tiny:boundary", "--train", files["train"], "--valid", files["valid"], "--config", files["yaml"]]
+    argv = [
+        "plan",
+        "--model",
+        "tiny:boundary",
+        "--train",
+        files["train"],
+        "--valid",
+        files["valid"],
+        "--config",
+        files["yaml"],
+    ]
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "12 batches over 2 epoch(s), 6 optimizer updates, 2 validation point(s)" in printed
@@ -91,19 +114,34 @@ def test_plan_prints_and_writes_a_manifest(files: dict[str, str], tmp_path: Path
 
 def _cli(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     script = os.path.join(os.path.dirname(sys.executable), "prefect-gliner2")
-    return subprocess.Popen([script, *argv], cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [script, *argv],
+        cwd=str(ROOT),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str, str], tmp_path: Path) -> None:
     """No PREFECT_API_URL: the CLI starts Prefect's ephemeral server; kill -9 mid-run, re-run, exact result."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT)
+    )
     argv = _train_args(files, **{"--run-key": "cli-crash", "--export": str(tmp_path / "model")}) + [
-        "--checkpoint-every", "2", "--cpu-threads", "1"]
+        "--checkpoint-every",
+        "2",
+        "--cpu-threads",
+        "1",
+    ]
     markers = tmp_path / "markers"
     markers.mkdir()
-    crashed = _cli(argv, {**env, "PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": "batch:9:120"})
+    crashed = _cli(
+        argv, {**env, "PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": "batch:9:120"}
+    )
     try:
         wait_for_marker(markers, "batch-9", timeout=180)
     finally:
@@ -119,8 +157,12 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
     assert_same_export(str(tmp_path / "model"), reference)
 
 
-def test_demo_trains_the_tiny_model_offline(prefect_server: str, tmp_path: Path,  # noqa: F811
-                                           capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_trains_the_tiny_model_offline(
+    prefect_server: str,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
@@ -138,11 +180,17 @@ def test_demo_trains_the_tiny_model_offline(prefect_server: str, tmp_path: Path,
 
 def test_flow_and_cli_modules_do_not_import_torch() -> None:
     script = (
-        "import sys; import prefect_gliner2.flows.train, prefect_gliner2.flows.cli, prefect_gliner2.flows.demo, prefect_gliner2.flows.driver, prefect_gliner2.runtime.worker, prefect_gliner2.runtime.worker_child; "
+        "import sys; import prefect_gliner2.flows.train, prefect_gliner2.flows.cli, prefect_gliner2.flows.demo, "
+        "prefect_gliner2.flows.driver, prefect_gliner2.runtime.worker, prefect_gliner2.runtime.worker_child; "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules) or 'none')"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT),
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "none"
-

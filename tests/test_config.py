@@ -127,7 +127,10 @@ def test_wrong_types(changes: dict, match: str) -> None:
         ({"gold_injection_end": -0.5}, "gold_injection_end must be in [0, 1]"),
         ({"gold_injection_hold_frac": 2.0}, "gold_injection_hold_frac must be in [0, 1]"),
         ({"float32_matmul_precision": "low"}, "float32_matmul_precision must be one of ['highest', 'high', 'medium']"),
-        ({"scheduler_type": "step"}, "scheduler_type must be one of ['linear', 'cosine', 'cosine_restarts', 'constant']"),
+        (
+            {"scheduler_type": "step"},
+            "scheduler_type must be one of ['linear', 'cosine', 'cosine_restarts', 'constant']",
+        ),
         ({"eval_strategy": "always"}, "eval_strategy must be one of ['epoch', 'steps', 'no']"),
         ({"seed": -1}, "seed must be in [0, 2**32)"),
         ({"seed": 2**32}, "seed must be in [0, 2**32)"),

@@ -36,7 +36,9 @@ def _flow_run_count(deployment_id: Any) -> int:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     with _client() as client:
-        return len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))))
+        return len(
+            client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        )
 
 
 def _assert_refused(name: str, parameters: dict[str, Any]) -> None:
@@ -56,9 +58,15 @@ def _assert_nightly_schedule(name: str) -> None:
         deployment = client.read_deployment_by_name(name)
     [schedule] = deployment.schedules
     assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.slug, schedule.active) == (
-        "0 3 * * *", "Europe/Berlin", "nightly-retrain", True)
+        "0 3 * * *",
+        "Europe/Berlin",
+        "nightly-retrain",
+        True,
+    )
     assert _limit(deployment) == 1 and deployment.enforce_parameter_schema
-    assert deployment.concurrency_options is not None and deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
+    assert (
+        deployment.concurrency_options is not None and deployment.concurrency_options.collision_strategy == "CANCEL_NEW"
+    )
 
 
 def _limit(deployment: Any) -> int | None:
@@ -76,13 +84,30 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
         except ObjectAlreadyExists:
             pass
     done = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all"],
-        cwd=str(ROOT), env=_env(prefect_server), capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "--no-prompt",
+            "deploy",
+            "--prefect-file",
+            "deployments/prefect.yaml",
+            "--all",
+        ],
+        cwd=str(ROOT),
+        env=_env(prefect_server),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with _client() as client:
         train = client.read_deployment_by_name(TRAIN)
         nightly = client.read_deployment_by_name(RETRAIN)
-    assert (train.entrypoint, nightly.entrypoint) == ("prefect_gliner2.flows.train:train_flow", "prefect_gliner2.flows.retrain:retrain_flow")
+    assert (train.entrypoint, nightly.entrypoint) == (
+        "prefect_gliner2.flows.train:train_flow",
+        "prefect_gliner2.flows.retrain:retrain_flow",
+    )
     assert train.work_pool_name == nightly.work_pool_name == "gliner2-process"
     assert _limit(train) == 1 and train.schedules == []
     assert train.concurrency_options is not None and train.concurrency_options.collision_strategy == "ENQUEUE"
@@ -97,15 +122,42 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
 
     data = tmp_path / "data"
     data.mkdir()
-    run = run_deployment(TRAIN, timeout=0, parameters={
-        "model": "tiny:span", "train_data": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
-        "valid_data": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)), "config": config(num_epochs=1),
-        "run_key": "pool-train", "cpu_threads": THREADS})
+    run = run_deployment(
+        TRAIN,
+        timeout=0,
+        parameters={
+            "model": "tiny:span",
+            "train_data": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
+            "valid_data": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)),
+            "config": config(num_epochs=1),
+            "run_key": "pool-train",
+            "cpu_threads": THREADS,
+        },
+    )
     worker = subprocess.run(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "gliner2-process", "--run-once",
-         "--type", "process"], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
-        env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs"), PREFECT_WORKER_QUERY_SECONDS="1",
-                 PREFECT_WORKER_PREFETCH_SECONDS="60"))
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "worker",
+            "start",
+            "--pool",
+            "gliner2-process",
+            "--run-once",
+            "--type",
+            "process",
+        ],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(
+            prefect_server,
+            PREFECT_GLINER2_STORAGE=str(tmp_path / "runs"),
+            PREFECT_WORKER_QUERY_SECONDS="1",
+            PREFECT_WORKER_PREFETCH_SECONDS="60",
+        ),
+    )
     state = _wait_final(run.id, timeout=60)
     assert state is not None and state.is_completed(), (state, worker.stdout[-4000:], worker.stderr[-4000:])
     assert (tmp_path / "runs" / "pool-train" / "export" / "export.json").exists()
@@ -115,18 +167,31 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
 def served(prefect_server: str, tmp_path: Path) -> Any:  # noqa: F811
     data = tmp_path / "data"
     data.mkdir()
-    inputs = {"train": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
-              "valid": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99))}
-    overrides = {"retrain-nightly": {"model_name": "served", "train_data": inputs["train"], "valid_data": inputs["valid"],
-                                     "registry_root": str(tmp_path / "registry"), "config": config(num_epochs=1),
-                                     "cpu_threads": THREADS}}
+    inputs = {
+        "train": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
+        "valid": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)),
+    }
+    overrides = {
+        "retrain-nightly": {
+            "model_name": "served",
+            "train_data": inputs["train"],
+            "valid_data": inputs["valid"],
+            "registry_root": str(tmp_path / "registry"),
+            "config": config(num_epochs=1),
+            "cpu_threads": THREADS,
+        }
+    }
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     _delete_deployments(TRAIN, RETRAIN)  # served deployments must not inherit a work-pool deployment's pull steps
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        [sys.executable, "-m", "prefect_gliner2.deployments.serve", "--parameters", str(tmp_path / "overrides.json")], cwd=str(ROOT),
-        env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs")), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [sys.executable, "-m", "prefect_gliner2.deployments.serve", "--parameters", str(tmp_path / "overrides.json")],
+        cwd=str(ROOT),
+        env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs")),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_served(process, tmp_path / "serve.log")
         yield {"inputs": inputs, "root": tmp_path}
@@ -168,9 +233,18 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
     inputs, root = served["inputs"], served["root"]
     _assert_nightly_schedule(RETRAIN)
     _assert_refused(TRAIN, {"model": "tiny:span", "config": {"fp16": False, "bf16": False, "batch_size": "abc"}})
-    train = run_deployment(TRAIN, timeout=0, parameters={
-        "model": "tiny:span", "train_data": inputs["train"], "valid_data": inputs["valid"],
-        "config": config(num_epochs=1), "run_key": "served-train", "cpu_threads": THREADS})
+    train = run_deployment(
+        TRAIN,
+        timeout=0,
+        parameters={
+            "model": "tiny:span",
+            "train_data": inputs["train"],
+            "valid_data": inputs["valid"],
+            "config": config(num_epochs=1),
+            "run_key": "served-train",
+            "cpu_threads": THREADS,
+        },
+    )
     nightly = run_deployment(RETRAIN, timeout=0)
     states = {name: _wait_final(run.id) for name, run in (("train", train), ("retrain", nightly))}
     assert states["train"].is_completed(), (states, (root / "serve.log").read_text()[-4000:])

@@ -63,27 +63,50 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     original = checkpoint_tasks.emit_event
     monkeypatch.setattr(checkpoint_tasks, "emit_event", lambda **kw: events.append(kw) or original(**kw))
     storage = space["root"] / "runs"
-    summary = run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                       config=config(), run_key="span-full", storage=str(storage), checkpoint_every=2)
+    summary = run_flow(
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=config(),
+        run_key="span-full",
+        storage=str(storage),
+        checkpoint_every=2,
+    )
     reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
     assert summary["label"] == "best" and summary["total_steps"] == 6 and summary["worker_starts"] == 1
     run = storage / "span-full"
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["step-000002-batch-000003", "step-000003-batch-000005", "step-000004-batch-000007",
-                     "step-000006-batch-000011"]
+    assert names == [
+        "step-000002-batch-000003",
+        "step-000003-batch-000005",
+        "step-000004-batch-000007",
+        "step-000006-batch-000011",
+    ]
     cursor = json.loads((run / "cursor.json").read_text())
     assert (cursor["checkpoint"], cursor["cursor"], cursor["finished"]) == (names[-1], 12, True)
     assert cursor["export"] == summary["export"] == str(run / "export")
     for path in (run, run / "checkpoints", run / "checkpoints" / names[0]):
         assert _mode(path) == 0o700, path
-    for path in (run / "manifest.json", run / "cursor.json", run / "run.json", run / "checkpoints" / names[0] / "weights.safetensors"):
+    for path in (
+        run / "manifest.json",
+        run / "cursor.json",
+        run / "run.json",
+        run / "checkpoints" / names[0] / "weights.safetensors",
+    ):
         assert _mode(path) == 0o600, path
     assert [e["payload"]["name"] for e in events] == names
     assert events[0]["resource"]["prefect.resource.id"] == "prefect-gliner2.run.span-full"
     _assert_ui(summary["flow_run_id"])
-    again = run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                     config=config(), run_key="span-full", storage=str(storage), checkpoint_every=2)
+    again = run_flow(
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=config(),
+        run_key="span-full",
+        storage=str(storage),
+        checkpoint_every=2,
+    )
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
 
 
@@ -93,7 +116,9 @@ def _assert_ui(flow_run_id: str) -> None:
 
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(UUID(flow_run_id))
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]))
+        )
         deadline = time.monotonic() + 20  # labels are patched best effort, in the background
         while flow_run.labels.get("prefect-gliner2.step") != 6 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -106,14 +131,23 @@ def _assert_ui(flow_run_id: str) -> None:
     assert json.loads(kinds["gliner2-span-full-validation"].data)[-1]["step"] == 6
 
 
-def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str, Any], tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_boundary_lora_grouped_and_pipelined_matches_direct_run(
+    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Groups of 3 batches, operations sent 2 units ahead, and a worker SIGKILL with operations in flight."""
     monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:9:{tmp_path / 'died'}")
     cfg = config(use_lora=True)
-    summary = run_flow(model=space["boundary"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                       config=cfg, run_key="boundary-lora", storage=str(space["root"] / "runs"), checkpoint_every=2,
-                       batches_per_task=3, pipeline_depth=2)
+    summary = run_flow(
+        model=space["boundary"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=cfg,
+        run_key="boundary-lora",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=2,
+        batches_per_task=3,
+        pipeline_depth=2,
+    )
     reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-lora")
     assert (Path(summary["export"]) / "adapter").is_dir()
     assert_same_export(summary["export"], reference)
@@ -122,32 +156,54 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str,
     assert {"batches 0-2", "batches 3-3", "checkpoint step 2 batch 3", "batches 8-10", "export best model"} <= names
     assert summary["worker_starts"] == 2 and [t.name for t in runs if t.run_count > 1] == ["batches 8-10"]
     checkpoints = sorted(p.name for p in (space["root"] / "runs" / "boundary-lora" / "checkpoints").iterdir())
-    assert checkpoints == ["step-000002-batch-000003", "step-000003-batch-000005", "step-000004-batch-000007",
-                           "step-000006-batch-000011"]
+    assert checkpoints == [
+        "step-000002-batch-000003",
+        "step-000003-batch-000005",
+        "step-000004-batch-000007",
+        "step-000006-batch-000011",
+    ]
 
 
-def test_worker_death_and_transient_errors_are_retried_exactly(space: dict[str, Any], tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_death_and_transient_errors_are_retried_exactly(
+    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = config(use_lora=True)
     monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:4:{tmp_path / 'died'}")
     monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"batch:9:{tmp_path / 'raised'}")
-    summary = run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                       config=cfg, run_key="span-lora-faults", storage=str(space["root"] / "runs"), checkpoint_every=1)
+    summary = run_flow(
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=cfg,
+        run_key="span-lora-faults",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=1,
+    )
     assert (tmp_path / "died").exists() and (tmp_path / "raised").exists()
     assert summary["worker_starts"] == 3
     retried = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.run_count > 1)
     assert retried == ["batches 4-4", "batches 9-9"]
-    assert_same_export(summary["export"], reference_export(space["span"], space["inputs"], cfg, space["root"] / "ref-span-lora"))
+    assert_same_export(
+        summary["export"], reference_export(space["span"], space["inputs"], cfg, space["root"] / "ref-span-lora")
+    )
 
 
-def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flow_retry_reuses_the_live_worker_and_its_cache(
+    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from prefect_gliner2.flows.train import train_flow
 
     monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:8:{tmp_path / 'raised'}")
     summary = train_flow.with_options(retries=1)(
-        model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"], config=config(),
-        run_key="span-flow-retry", storage=str(space["root"] / "runs"), checkpoint_every=0, cpu_threads=1)
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=config(),
+        run_key="span-flow-retry",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=0,
+        cpu_threads=1,
+    )
     assert (tmp_path / "raised").exists() and summary["worker_starts"] == 1
     assert summary["resumed_from_batch"] == 6  # the epoch-end checkpoint after batch 5
     cached = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.state.name == "Cached")
@@ -156,12 +212,20 @@ def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], 
     assert_same_export(summary["export"], reference)
 
 
-def test_a_cache_hit_after_restore_cannot_skip_work(space: dict[str, Any], tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_hit_after_restore_cannot_skip_work(
+    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Force cache collisions across worker restarts: the hits are harmless because operations are positions."""
     monkeypatch.setattr(SessionWorker, "incarnation", property(lambda self: "constant" if self.alive else None))
-    params = dict(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                  config=config(), run_key="span-cache", storage=str(space["root"] / "runs"), checkpoint_every=0)
+    params = dict(
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=config(),
+        run_key="span-cache",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=0,
+    )
     monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:9:{tmp_path / 'raised'}")
     with pytest.raises(RuntimeError, match="injected transient failure"):
         run_flow(**params)
@@ -202,10 +266,22 @@ def test_cache_key_changes_with_every_worker_incarnation(space: dict[str, Any]) 
 
 
 def test_early_stopping_is_checkpointed_and_exports_the_best(space: dict[str, Any]) -> None:
-    cfg = config(eval_strategy="steps", eval_steps=1, early_stopping=True, early_stopping_patience=1,
-                 early_stopping_threshold=1e9)
-    summary = run_flow(model=space["boundary"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                       config=cfg, run_key="boundary-early", storage=str(space["root"] / "runs"), checkpoint_every=0)
+    cfg = config(
+        eval_strategy="steps",
+        eval_steps=1,
+        early_stopping=True,
+        early_stopping_patience=1,
+        early_stopping_threshold=1e9,
+    )
+    summary = run_flow(
+        model=space["boundary"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=cfg,
+        run_key="boundary-early",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=0,
+    )
     assert summary["stopped_early"] and summary["total_steps"] == 2
     cursor = json.loads((space["root"] / "runs" / "boundary-early" / "cursor.json").read_text())
     assert cursor["finished"] and cursor["checkpoint"] == "step-000002-batch-000003"
@@ -245,19 +321,34 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
     if (source / "cursor.json").exists():
         shutil.copytree(source, storage / "span-tampered", ignore=shutil.ignore_patterns("export", ".lease"))
     else:  # run alone: train the same run under this key first
-        run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                 config=config(), run_key="span-tampered", storage=str(storage), checkpoint_every=2)
+        run_flow(
+            model=space["span"],
+            train_data=space["inputs"]["train"],
+            valid_data=space["inputs"]["valid"],
+            config=config(),
+            run_key="span-tampered",
+            storage=str(storage),
+            checkpoint_every=2,
+        )
         shutil.rmtree(storage / "span-tampered" / "export")
     run = storage / "span-tampered"
     cursor = json.loads((run / "cursor.json").read_text())
-    cursor.update(checkpoint="step-000002-batch-000003", cursor=4, step=2, epoch=0, finished=False, export=None,
-                  summary=None)
+    cursor.update(
+        checkpoint="step-000002-batch-000003", cursor=4, step=2, epoch=0, finished=False, export=None, summary=None
+    )
     (run / "cursor.json").write_text(json.dumps(cursor))
     weights = run / "checkpoints" / "step-000002-batch-000003" / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
     with pytest.raises(CheckpointError, match="does not match its recorded sha256.*no intact earlier checkpoint"):
-        run_flow(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                 config=config(), run_key="span-tampered", storage=str(storage), checkpoint_every=2)
+        run_flow(
+            model=space["span"],
+            train_data=space["inputs"]["train"],
+            valid_data=space["inputs"]["valid"],
+            config=config(),
+            run_key="span-tampered",
+            storage=str(storage),
+            checkpoint_every=2,
+        )
     flow_run_id = json.loads((run / ".lease").read_text())["flow_run_id"]
     assert [t for t in _task_runs(flow_run_id) if t.name.startswith("batches")] == []
     assert json.loads((run / "cursor.json").read_text())["checkpoint"] == "step-000002-batch-000003"
@@ -273,8 +364,9 @@ def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path)
     run_dir.create()
 
     def at(cursor: int, **extra: Any) -> DurableCursor:
-        return DurableCursor(checkpoint=f"c{cursor}", cursor=cursor, step=cursor, epoch=0, finished=False,
-                             fingerprint="fp", **extra)
+        return DurableCursor(
+            checkpoint=f"c{cursor}", cursor=cursor, step=cursor, epoch=0, finished=False, fingerprint="fp", **extra
+        )
 
     assert run_dir.commit_cursor(at(4)) and run_dir.read_cursor().cursor == 4  # type: ignore[union-attr]
     assert not run_dir.commit_cursor(at(2)) and not run_dir.commit_cursor(at(4))
@@ -297,9 +389,19 @@ def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
     run_dir = RunDirectory(str(tmp_path), "leased")
     run_dir.create()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from prefect_gliner2.runtime.lease import RunLease; from prefect_gliner2.runtime.rundir import RunDirectory; "
-         f"RunLease(RunDirectory({str(tmp_path)!r}, 'leased'), flow_run_id='holder').acquire(); print('held', flush=True); "
-         "time.sleep(600)"], cwd=str(ROOT), stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from prefect_gliner2.runtime.lease import RunLease; "
+            "from prefect_gliner2.runtime.rundir import RunDirectory; "
+            f"RunLease(RunDirectory({str(tmp_path)!r}, 'leased'), flow_run_id='holder').acquire(); "
+            "print('held', flush=True); "
+            "time.sleep(600)",
+        ],
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(RunLockedError, match=f"pid {holder.pid} .*flow run holder"):
         RunLease(run_dir).acquire()
@@ -341,9 +443,15 @@ def test_schedule_units_never_straddle_validation_or_checkpoints(space: dict[str
     plan = ManagedTrainingPlan(space["inputs"]["train"], TrainingConfig.from_dict(config()), architecture="span")
     found = list(units(plan, 4, batches_per_task=3, checkpoint_every=2, validate=True))
     assert found == [
-        Unit("advance", 4, 5), Unit("validate", 5, 5), Unit("checkpoint", 5, 5, 3),
-        Unit("advance", 6, 7), Unit("checkpoint", 7, 7, 4),
-        Unit("advance", 8, 10), Unit("advance", 11, 11), Unit("validate", 11, 11), Unit("checkpoint", 11, 11, 6),
+        Unit("advance", 4, 5),
+        Unit("validate", 5, 5),
+        Unit("checkpoint", 5, 5, 3),
+        Unit("advance", 6, 7),
+        Unit("checkpoint", 7, 7, 4),
+        Unit("advance", 8, 10),
+        Unit("advance", 11, 11),
+        Unit("validate", 11, 11),
+        Unit("checkpoint", 11, 11, 6),
     ]
     per_batch = list(units(plan, 0, batches_per_task=1, checkpoint_every=0, validate=False))
     assert [u.through for u in per_batch if u.kind == "advance"] == list(range(12))

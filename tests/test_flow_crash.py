@@ -42,8 +42,9 @@ def _crash_at(params: dict[str, Any], point: str, markers: Path, api_url: str) -
     """Run the flow in a subprocess, SIGKILL it when it reaches `point`; returns (pid at the point, output)."""
     markers.mkdir(parents=True)
     name, index = point.rsplit(":", 1)
-    process = flow_child(params, {"PREFECT_GLINER2_TEST_MARKERS": str(markers),
-                                  "PREFECT_GLINER2_TEST_PAUSE": f"{point}:120"}, api_url)
+    process = flow_child(
+        params, {"PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": f"{point}:120"}, api_url
+    )
     try:
         pid = wait_for_marker(markers, f"{name}-{index}", process)
     finally:
@@ -58,14 +59,23 @@ def _cursor(run: Path) -> dict[str, Any]:
 def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], prefect_server: str) -> None:  # noqa: F811
     storage = space["root"] / "runs"
     run = storage / "crash-boundary"
-    params = dict(model=space["boundary"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                  config=config(), run_key="crash-boundary", storage=str(storage), checkpoint_every=2)
+    params = dict(
+        model=space["boundary"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=config(),
+        run_key="crash-boundary",
+        storage=str(storage),
+        checkpoint_every=2,
+    )
     # 12 batches, updates after odd batches, checkpoints after batches 3, 5 (epoch end), 7 and 11, validation 5, 11.
     worker, _ = _crash_at(params, "batch:7", space["root"] / "m1", prefect_server)  # mid-window: batch 6 pending
     assert pid_gone(worker), "the session worker outlived the killed flow process"
     assert _cursor(run)["checkpoint"] == "step-000003-batch-000005"
 
-    worker, _ = _crash_at(params, "checkpoint-write:7", space["root"] / "m2", prefect_server)  # files written, not committed
+    worker, _ = _crash_at(
+        params, "checkpoint-write:7", space["root"] / "m2", prefect_server
+    )  # files written, not committed
     assert pid_gone(worker)
     debris = [p.name for p in (run / "checkpoints").iterdir() if ".partial-" in p.name]
     assert debris and not (run / "checkpoints" / "step-000004-batch-000007").exists()
@@ -95,8 +105,15 @@ def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str
     from prefect.states import Crashed
 
     cfg = config(use_lora=True)
-    params = dict(model=space["span"], train_data=space["inputs"]["train"], valid_data=space["inputs"]["valid"],
-                  config=cfg, run_key="crash-retry", storage=str(space["root"] / "runs"), checkpoint_every=1)
+    params = dict(
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=cfg,
+        run_key="crash-retry",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=1,
+    )
     worker, _ = _crash_at(params, "batch:8", space["root"] / "m6", prefect_server)
     assert pid_gone(worker)
     lease = json.loads((space["root"] / "runs" / "crash-retry" / ".lease").read_text())  # who held the run key
@@ -106,9 +123,21 @@ def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str
         # What the server's heartbeat monitoring does after missed heartbeats; the retry re-runs this flow run.
         client.set_flow_run_state(UUID(flow_run_id), Crashed(message="killed by the test"), force=True)
     done = subprocess.run(
-        [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id, "--entrypoint", "prefect_gliner2.flows.train:train_flow"],
-        cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_server),
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "flow-run",
+            "retry",
+            flow_run_id,
+            "--entrypoint",
+            "prefect_gliner2.flows.train:train_flow",
+        ],
+        cwd=str(ROOT),
+        env=dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_server),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with get_client(sync_client=True) as client:

@@ -18,7 +18,10 @@ from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.records import load_records
 
-records = [{{"input": "John met Mary in Paris %d." % i, "output": {{"entities": {{"person": ["John", "Mary"]}}}}}} for i in range(9)]
+records = [
+    {{"input": "John met Mary in Paris %d." % i, "output": {{"entities": {{"person": ["John", "Mary"]}}}}}}
+    for i in range(9)
+]
 config = TrainingConfig(num_workers=0, fp16=False, bf16=True, batch_size=2, gradient_accumulation_steps=2, num_epochs=2)
 config.to_native_kwargs()
 config = TrainingConfig.from_dict(config.to_dict())
@@ -47,8 +50,13 @@ def test_planning_imports_no_heavy_modules() -> None:
 
 
 def test_each_planning_module_alone_is_light() -> None:
-    modules = ("prefect_gliner2", "prefect_gliner2.session_core.config", "prefect_gliner2.session_core.records",
-               "prefect_gliner2.session_core.plan", "prefect_gliner2.session_core.manifest")
+    modules = (
+        "prefect_gliner2",
+        "prefect_gliner2.session_core.config",
+        "prefect_gliner2.session_core.records",
+        "prefect_gliner2.session_core.plan",
+        "prefect_gliner2.session_core.manifest",
+    )
     for module in modules:
         script = (
             f"import sys; sys.path.insert(0, {ROOT!r}); import {module}; "

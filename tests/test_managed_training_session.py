@@ -30,8 +30,15 @@ from prefect_gliner2.session_core import (
 )
 
 EVAL = {"eval_strategy": "epoch"}
-SUMMARY_KEYS = ("total_steps", "total_epochs", "total_time_seconds", "samples_per_second", "best_metric",
-                "train_metrics_history", "eval_metrics_history")
+SUMMARY_KEYS = (
+    "total_steps",
+    "total_epochs",
+    "total_time_seconds",
+    "samples_per_second",
+    "best_metric",
+    "train_metrics_history",
+    "eval_metrics_history",
+)
 
 
 def managed(arch: str, lora: bool, **overrides):
@@ -72,9 +79,9 @@ def _windows(plan):
 
 
 POINTS = {
-    "mid-window": 2,        # batches 0-1 done, two micro-batches pending
-    "at-update": 3,         # batch 2 was an update, mid-epoch
-    "epoch-end": "due",     # epoch 0 finished, its validation still due
+    "mid-window": 2,  # batches 0-1 done, two micro-batches pending
+    "at-update": 3,  # batch 2 was an update, mid-epoch
+    "epoch-end": "due",  # epoch 0 finished, its validation still due
     "after-validation": 5,  # epoch 0 finished and validated
 }
 
@@ -100,8 +107,9 @@ RESUME_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("arch", "lora", "point"), RESUME_CASES,
-                         ids=[f"{a}-{'lora' if lo else 'full'}-{p}" for a, lo, p in RESUME_CASES])
+@pytest.mark.parametrize(
+    ("arch", "lora", "point"), RESUME_CASES, ids=[f"{a}-{'lora' if lo else 'full'}-{p}" for a, lo, p in RESUME_CASES]
+)
 def test_exact_continuation_from_managed_checkpoints(arch, lora, point, tmp_path):
     run, plan = managed(arch, lora, save_best=True)
     _checkpoint_at(run, POINTS[point], str(tmp_path / "ckpt"))
@@ -109,15 +117,27 @@ def test_exact_continuation_from_managed_checkpoints(arch, lora, point, tmp_path
     run.export_weights(str(tmp_path / "expected"))
     expected = snapshot(run.session)
 
-    child = run_child("_session_child.py", {"arch": arch, "lora": lora, "mode": "managed", "eval": True,
-                                            "config": {**EVAL, "save_best": True}, "checkpoint": str(tmp_path / "ckpt"),
-                                            "out": str(tmp_path / "out.st"), "export": str(tmp_path / "resumed")})
+    child = run_child(
+        "_session_child.py",
+        {
+            "arch": arch,
+            "lora": lora,
+            "mode": "managed",
+            "eval": True,
+            "config": {**EVAL, "save_best": True},
+            "checkpoint": str(tmp_path / "ckpt"),
+            "out": str(tmp_path / "out.st"),
+            "export": str(tmp_path / "resumed"),
+        },
+    )
     assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
     for key in ("train_metrics_history", "eval_metrics_history", "best_metric", "best_step", "total_steps"):
         assert child[key] == result[key], key
     exported = "adapter/adapter_model.safetensors" if lora else "model.safetensors"
-    assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "resumed" / exported)),
-                         safetensors.torch.load_file(str(tmp_path / "expected" / exported)))
+    assert_bitwise_equal(
+        safetensors.torch.load_file(str(tmp_path / "resumed" / exported)),
+        safetensors.torch.load_file(str(tmp_path / "expected" / exported)),
+    )
 
 
 def test_best_selection_keeps_a_detached_copy_and_exports_best_or_final(tmp_path):
@@ -169,10 +189,24 @@ def test_early_stopping_counters_survive_a_resume_between_non_improving_validati
     run.save_state(str(tmp_path / "ckpt"))
     result = run.run()
     expected = snapshot(run.session)
-    child = run_child("_session_child.py", {"arch": "span", "lora": False, "mode": "managed", "eval": True,
-                                            "config": {**EVAL, "early_stopping": True, "early_stopping_threshold": 1e9,
-                                                       "num_epochs": 5, "early_stopping_patience": 2},
-                                            "checkpoint": str(tmp_path / "ckpt"), "out": str(tmp_path / "out.st")})
+    child = run_child(
+        "_session_child.py",
+        {
+            "arch": "span",
+            "lora": False,
+            "mode": "managed",
+            "eval": True,
+            "config": {
+                **EVAL,
+                "early_stopping": True,
+                "early_stopping_threshold": 1e9,
+                "num_epochs": 5,
+                "early_stopping_patience": 2,
+            },
+            "checkpoint": str(tmp_path / "ckpt"),
+            "out": str(tmp_path / "out.st"),
+        },
+    )
     assert child["stopped_early"] and child["total_steps"] == result["total_steps"]
     assert child["eval_metrics_history"] == result["eval_metrics_history"]
     assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
@@ -203,7 +237,9 @@ def test_selection_settings_are_checked_up_front():
     config = make_config("span", False, **EVAL, metric_for_best="eval_f1")
     plan = make_plan("span", config)
     with pytest.raises(ConfigError, match="eval_f1"):
-        ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records())
+        ManagedTraining(
+            TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+        )
     config = make_config("span", False, **EVAL, early_stopping=True)
     with pytest.raises(ConfigError, match="eval_examples"):
         ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan)

@@ -30,13 +30,18 @@ from prefect_gliner2.session_core.records import load_records
 
 def _records(n: int, offset: int = 0) -> list[dict[str, Any]]:
     return [
-        {"input": f"Person {i} named John met Mary in Paris." + " again" * (i % 3), "output": {"entities": {"person": ["John", "Mary"], "city": ["Paris"]}}}
+        {
+            "input": f"Person {i} named John met Mary in Paris." + " again" * (i % 3),
+            "output": {"entities": {"person": ["John", "Mary"], "city": ["Paris"]}},
+        }
         for i in range(offset, offset + n)
     ]
 
 
 def _plan(architecture: str = "boundary", **changes: Any) -> ManagedTrainingPlan:
-    cfg = TrainingConfig(**{"fp16": False, "bf16": False, "batch_size": 2, "gradient_accumulation_steps": 3, "num_epochs": 2, **changes})
+    cfg = TrainingConfig(
+        **{"fp16": False, "bf16": False, "batch_size": 2, "gradient_accumulation_steps": 3, "num_epochs": 2, **changes}
+    )
     return ManagedTrainingPlan(_records(7), cfg, architecture=architecture)
 
 
@@ -52,8 +57,15 @@ def test_manifest_content() -> None:
     assert manifest["plan_algorithm_version"] == 1 and manifest["architecture"] == "boundary"
     assert manifest["config"] == plan.config.to_dict() and manifest["fingerprint"] == plan.fingerprint
     assert manifest["batches"] == [list(plan.rows(i)) for i in range(plan.batch_count)]
-    assert manifest["updates"] == [2, 3, 6, 7] and manifest["epoch_ends"] == [3, 7] and manifest["validations"] == [3, 7]
-    assert (manifest["max_steps"], manifest["num_epochs"], manifest["batch_count"], manifest["record_count"]) == (4, 2, 8, 7)
+    assert (
+        manifest["updates"] == [2, 3, 6, 7] and manifest["epoch_ends"] == [3, 7] and manifest["validations"] == [3, 7]
+    )
+    assert (manifest["max_steps"], manifest["num_epochs"], manifest["batch_count"], manifest["record_count"]) == (
+        4,
+        2,
+        8,
+        7,
+    )
     assert manifest["selection"] == plan.selection.to_dict()
     assert manifest["examples"] == _records(7)
     assert [json.dumps(r) for r in manifest["examples"]] == [json.dumps(r) for r in _records(7)]  # key order kept
@@ -122,7 +134,9 @@ def test_round_trip_through_an_fsspec_url() -> None:
     uri = "memory://manifests/run-1/plan.json"
     write_manifest(plan.to_manifest(), uri)
     assert read_manifest(uri) == plan.to_manifest()
-    assert [p for p in fsspec.filesystem("memory").ls("/manifests/run-1", detail=False)] == ["/manifests/run-1/plan.json"]
+    assert [p for p in fsspec.filesystem("memory").ls("/manifests/run-1", detail=False)] == [
+        "/manifests/run-1/plan.json"
+    ]
     _assert_same_plan(ManagedTrainingPlan.from_manifest(uri).plan, plan)
 
 
@@ -175,14 +189,20 @@ def test_readdressed_edits_still_fail_the_rebuild() -> None:
 def test_unknown_schema_versions_and_names_are_rejected() -> None:
     manifest = _plan().to_manifest()
     newer = _readdress({**manifest, "schema": {"name": MANIFEST_SCHEMA_NAME, "version": MANIFEST_SCHEMA_VERSION + 1}})
-    with pytest.raises(ManifestError, match=f"schema version {MANIFEST_SCHEMA_VERSION + 1} is newer than this prefect-gliner2 supports .*upgrade"):
+    with pytest.raises(
+        ManifestError,
+        match=f"schema version {MANIFEST_SCHEMA_VERSION + 1} is newer than this prefect-gliner2 supports .*upgrade",
+    ):
         ManagedTrainingPlan.from_manifest(newer)
     with pytest.raises(ManifestError, match="schema version 0 is not a known version"):
         ManagedTrainingPlan.from_manifest({**manifest, "schema": {"name": MANIFEST_SCHEMA_NAME, "version": 0}})
     with pytest.raises(ManifestError, match="not a training-plan manifest"):
         ManagedTrainingPlan.from_manifest({**manifest, "schema": {"name": "other", "version": 1}})
     old = _readdress({**manifest, "schema": {"name": MANIFEST_SCHEMA_NAME, "version": 1}})
-    with pytest.raises(ManifestError, match="version 1 is no longer supported: version 1 sorted the keys inside each record.*regenerate"):
+    with pytest.raises(
+        ManifestError,
+        match="version 1 is no longer supported: version 1 sorted the keys inside each record.*regenerate",
+    ):
         ManagedTrainingPlan.from_manifest(old)
     with pytest.raises(ManifestError, match="plan algorithm v9"):
         ManagedTrainingPlan.from_manifest(_readdress({**manifest, "plan_algorithm_version": 9}))

@@ -35,7 +35,9 @@ class PlanOrderTrainer(ExtractorTrainer):
 
     def _create_dataloader(self, dataset, batch_size, shuffle=True, is_training=True):
         collator = ExtractorCollator(
-            self.processor, is_training=True, max_len=self.config.max_len or getattr(self.model.config, "max_len", None),
+            self.processor,
+            is_training=True,
+            max_len=self.config.max_len or getattr(self.model.config, "max_len", None),
             architecture=getattr(self.model, "architecture", "span"),
             max_gold_per_query=(getattr(self.model.config, "boundary_head", None) or {}).get("max_gold_per_query", 32),
             on_capacity_exceeded="raise",
@@ -78,8 +80,15 @@ def test_session_reproduces_native_train_bitwise(arch, lora, tmp_path):
     session.close()
 
     native_kwargs = config.to_native_kwargs()
-    native_kwargs.update(fp16=False, bf16=False, num_workers=0, pin_memory=False, report_to_wandb=False,
-                         group_by_length=False, save_best=False)
+    native_kwargs.update(
+        fp16=False,
+        bf16=False,
+        num_workers=0,
+        pin_memory=False,
+        report_to_wandb=False,
+        group_by_length=False,
+        save_best=False,
+    )
     dataset = ExtractorDataset([record.to_dict() for record in plan.records], shuffle=False)
     trainer = PlanOrderTrainer(make_model(arch), NativeConfig(**native_kwargs))
     trainer.plan, trainer.originals = plan, train_records()

@@ -29,7 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _records(n: int) -> list[dict[str, Any]]:
     """Small native records; input lengths repeat with period 4 (0..3 trailing words)."""
     return [
-        {"input": f"Person {i} named John met Mary in Paris." + " again" * (i % 4), "output": {"entities": {"person": ["John", "Mary"]}}}
+        {
+            "input": f"Person {i} named John met Mary in Paris." + " again" * (i % 4),
+            "output": {"entities": {"person": ["John", "Mary"]}},
+        }
         for i in range(n)
     ]
 
@@ -49,7 +52,13 @@ def _all_rows(plan: ManagedTrainingPlan) -> list[tuple[int, ...]]:
 def test_seven_records_batch_two_accumulation_three_two_epochs_by_hand() -> None:
     plan = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     # 4 batches per epoch (2, 2, 2, 1 rows); windows of 3 micro-batches: [0, 1, 2] then the flushed [3].
-    assert (plan.batch_count, plan.batches_per_epoch, plan.updates_per_epoch, plan.max_steps, plan.num_epochs) == (8, 4, 2, 4, 2)
+    assert (plan.batch_count, plan.batches_per_epoch, plan.updates_per_epoch, plan.max_steps, plan.num_epochs) == (
+        8,
+        4,
+        2,
+        4,
+        2,
+    )
     assert [len(r) for r in _all_rows(plan)] == [2, 2, 2, 1, 2, 2, 2, 1]
     assert [plan.is_update(i) for i in range(8)] == [False, False, True, True, False, False, True, True]
     assert [plan.is_epoch_end(i) for i in range(8)] == [False, False, False, True, False, False, False, True]
@@ -73,7 +82,7 @@ def test_golden_rows_and_fingerprint_pin_the_algorithm() -> None:
 def test_random_keys_follow_the_documented_algorithm() -> None:
     label = b"prefect-gliner2/plan/v1/rows/seed=42/epoch=0"
     raw = hashlib.shake_256(label).digest(24)
-    expected = [int.from_bytes(raw[8 * j:8 * j + 8], "little") for j in range(3)]
+    expected = [int.from_bytes(raw[8 * j : 8 * j + 8], "little") for j in range(3)]
     assert random_keys(42, 0, "rows", 3).tolist() == expected
     assert random_keys(42, 0, "rows", 2).tolist() == expected[:2]  # prefix-stable
     keys = random_keys(42, 0, "rows", 7)
@@ -84,7 +93,9 @@ def test_random_keys_follow_the_documented_algorithm() -> None:
 @pytest.mark.parametrize(
     "changes",
     [
-        {"batch_size": 1}, {"batch_size": 3, "gradient_accumulation_steps": 2}, {"batch_size": 50},
+        {"batch_size": 1},
+        {"batch_size": 3, "gradient_accumulation_steps": 2},
+        {"batch_size": 50},
         {"batch_size": 4, "gradient_accumulation_steps": 10, "num_epochs": 3},
         {"batch_size": 3, "length_group_window_batches": 2, "num_epochs": 3},
     ],
@@ -136,7 +147,9 @@ def test_max_steps_on_an_epoch_boundary() -> None:
 def test_validation_boundaries_for_steps_and_no() -> None:
     every_two = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2, eval_strategy="steps", eval_steps=2)
     assert every_two.validations() == [3, 7]  # steps 2 and 4; step 2 comes from an epoch-end flush
-    every_three = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2, eval_strategy="steps", eval_steps=3)
+    every_three = _plan(
+        7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2, eval_strategy="steps", eval_steps=3
+    )
     assert every_three.validations() == [6]  # no extra validation at the plan's end, as natively
     every_one = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2, eval_strategy="steps", eval_steps=1)
     assert every_one.validations() == every_one.updates()
@@ -149,7 +162,14 @@ def test_batch_contents_and_errors() -> None:
     records = load_records(_records(7))
     batch = plan.batch(3)
     assert isinstance(batch, PlanBatch)
-    assert (batch.index, batch.epoch, batch.is_update, batch.is_epoch_end, batch.is_validation, batch.window_size) == (3, 0, True, True, True, 1)
+    assert (batch.index, batch.epoch, batch.is_update, batch.is_epoch_end, batch.is_validation, batch.window_size) == (
+        3,
+        0,
+        True,
+        True,
+        True,
+        1,
+    )
     assert batch.rows == plan.rows(3)
     assert batch.examples == tuple(records.example(r) for r in batch.rows)
     for bad in (-1, 8, 100):
@@ -193,7 +213,7 @@ def test_length_grouping_sorts_within_windows_and_keeps_partial_last() -> None:
     for epoch in range(2):
         order = list(plan.epoch_order(epoch))
         assert sorted(order) == list(range(43))
-        batches = [order[k:k + 4] for k in range(0, 43, 4)]
+        batches = [order[k : k + 4] for k in range(0, 43, 4)]
         assert len(batches[-1]) == 3  # the only partial batch stays last
         for window_start in (0, 20):
             window_rows = set(_shuffled_window(plan, epoch, window_start, 20))
@@ -210,7 +230,7 @@ def _shuffled_window(plan: ManagedTrainingPlan, epoch: int, start: int, size: in
     """Rows of one length-grouping window: a slice of the plain shuffled order."""
     keys = random_keys(plan.config.seed, epoch, "rows", len(plan.records))
     shuffled = sorted(range(len(plan.records)), key=lambda r: (keys[r] >> 11, r))
-    return shuffled[start:start + size]
+    return shuffled[start : start + size]
 
 
 def test_span_plans_are_not_length_grouped_like_native() -> None:
@@ -223,8 +243,11 @@ def test_span_plans_are_not_length_grouped_like_native() -> None:
 def test_fingerprint_covers_records_config_and_architecture() -> None:
     base = _plan(10, batch_size=2)
     payload = {
-        "architecture": "span", "config": base.config.fingerprint_fields(), "plan_algorithm_version": 1,
-        "record_count": 10, "records_sha256": hashlib.sha256(b"".join(base.records.digest(i) for i in range(10))).hexdigest(),
+        "architecture": "span",
+        "config": base.config.fingerprint_fields(),
+        "plan_algorithm_version": 1,
+        "record_count": 10,
+        "records_sha256": hashlib.sha256(b"".join(base.records.digest(i) for i in range(10))).hexdigest(),
     }
     assert base.fingerprint == hashlib.sha256(canonical_json(payload).encode()).hexdigest()
     records = _records(10)
@@ -235,7 +258,9 @@ def test_fingerprint_covers_records_config_and_architecture() -> None:
     assert _plan(10, "boundary", batch_size=2).fingerprint != base.fingerprint
     assert _plan(10, batch_size=2, seed=1).fingerprint != base.fingerprint
     assert _plan(10, batch_size=3).fingerprint != base.fingerprint
-    assert _plan(10, batch_size=2, output_dir="/x", logging_steps=9, experiment_name="e").fingerprint == base.fingerprint
+    assert (
+        _plan(10, batch_size=2, output_dir="/x", logging_steps=9, experiment_name="e").fingerprint == base.fingerprint
+    )
 
 
 _SUBPROCESS = """
@@ -243,7 +268,10 @@ import json, sys
 sys.path.insert(0, {root!r})
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
-records = [{{"input": "Person %d met John" % i + " x" * (i % 5), "output": {{"entities": {{"p": ["John"], "q": []}}}}}} for i in range(40)]
+records = [
+    {{"input": "Person %d met John" % i + " x" * (i % 5), "output": {{"entities": {{"p": ["John"], "q": []}}}}}}
+    for i in range(40)
+]
 plan = ManagedTrainingPlan(records, TrainingConfig(fp16=False, bf16=False, batch_size=3, num_epochs=2,
                            length_group_window_batches=2), architecture="boundary")
 print(json.dumps({{"fingerprint": plan.fingerprint, "rows": [plan.rows(i) for i in range(plan.batch_count)]}}))
@@ -254,7 +282,9 @@ def test_same_plan_across_processes_with_different_hash_seeds() -> None:
     outputs = []
     for seed in ("0", "12345", "random"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run([sys.executable, "-c", _SUBPROCESS.format(root=ROOT)], env=env, capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", _SUBPROCESS.format(root=ROOT)], env=env, capture_output=True, text=True, check=True
+        )
         outputs.append(json.loads(done.stdout))
     assert outputs[0] == outputs[1] == outputs[2]
 
@@ -290,11 +320,26 @@ def test_constructor_errors() -> None:
 
 
 def test_selection_policy_and_repr() -> None:
-    plan = _plan(7, eval_strategy="steps", eval_steps=5, early_stopping=True, early_stopping_patience=2,
-                 early_stopping_threshold=0.01, metric_for_best="f1", greater_is_better=True, save_best=False)
+    plan = _plan(
+        7,
+        eval_strategy="steps",
+        eval_steps=5,
+        early_stopping=True,
+        early_stopping_patience=2,
+        early_stopping_threshold=0.01,
+        metric_for_best="f1",
+        greater_is_better=True,
+        save_best=False,
+    )
     assert plan.selection == SelectionPolicy(
-        metric_for_best="f1", greater_is_better=True, save_best=False, early_stopping=True, early_stopping_patience=2,
-        early_stopping_threshold=0.01, eval_strategy="steps", eval_steps=5,
+        metric_for_best="f1",
+        greater_is_better=True,
+        save_best=False,
+        early_stopping=True,
+        early_stopping_patience=2,
+        early_stopping_threshold=0.01,
+        eval_strategy="steps",
+        eval_steps=5,
     )
     assert plan.selection.to_dict()["early_stopping_patience"] == 2
     assert plan.fingerprint[:12] in repr(plan) and len(plan) == plan.batch_count

@@ -1,4 +1,5 @@
-"""Records: every accepted input form, record JSON (key order kept) and hashes, and every rejection with row and reason."""
+"""Records: every accepted input form, record JSON (key order kept) and hashes, and every rejection with row and
+reason."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ def test_record_json_hash_and_length() -> None:
     record = {"output": {"entities": {"person": ["John Smith"], "company": ["Google"]}}, "input": TEXT}
     records = load_records([record])
     # input first, then output; the key order inside output is the caller's (gliner2 reads it), never sorted
-    expected = '{"input":"John Smith works at Google in Paris.","output":{"entities":{"person":["John Smith"],"company":["Google"]}}}'
+    expected = (
+        '{"input":"John Smith works at Google in Paris.",'
+        '"output":{"entities":{"person":["John Smith"],"company":["Google"]}}}'
+    )
     assert isinstance(records[0], Record)
     assert records[0].canonical_json == expected == record_json({"input": TEXT, "output": record["output"]})
     assert records[0].content_hash == hashlib.sha256(expected.encode("utf-8")).hexdigest()
@@ -93,10 +97,14 @@ def test_alternative_native_dict_formats_are_canonicalized() -> None:
 def test_key_order_inside_a_record_is_kept_and_hashed() -> None:
     """gliner2 builds the schema in dict order (entity types, structure fields, relation fields), so order is data:
     it survives loading, JSONL, the manifest round trip, and two orders are two different records."""
-    first = _rec(entities={"person": ["John Smith"], "company": ["Google"], "city": ["Paris"]},
-                 json_structures=[{"job": {"employer": "Google", "employee": "John Smith"}}])
-    second = _rec(json_structures=[{"job": {"employee": "John Smith", "employer": "Google"}}],
-                  entities={"city": ["Paris"], "company": ["Google"], "person": ["John Smith"]})
+    first = _rec(
+        entities={"person": ["John Smith"], "company": ["Google"], "city": ["Paris"]},
+        json_structures=[{"job": {"employer": "Google", "employee": "John Smith"}}],
+    )
+    second = _rec(
+        json_structures=[{"job": {"employee": "John Smith", "employer": "Google"}}],
+        entities={"city": ["Paris"], "company": ["Google"], "person": ["John Smith"]},
+    )
     loaded = load_records([first, second])
     assert loaded.example(0) == first and list(loaded.example(0)["output"]["entities"]) == ["person", "company", "city"]
     assert list(loaded.example(0)["output"]["json_structures"][0]["job"]) == ["employer", "employee"]
@@ -117,9 +125,13 @@ def test_real_gliner2_input_example_with_every_task_kind() -> None:
     assert "InputExample" in prefect_gliner2.session_core.__all__
 
     example = InputExample(
-        text=TEXT, entities={"person": ["John Smith"], "city": ["Paris"]}, entity_descriptions={"company": "a firm"},
+        text=TEXT,
+        entities={"person": ["John Smith"], "city": ["Paris"]},
+        entity_descriptions={"company": "a firm"},
         classifications=[Classification(task="topic", labels=["work", "sport"], true_label="work")],
-        structures=[Structure("job", employee="John Smith", employer="Google", kind=ChoiceField("full", ["full", "part"]))],
+        structures=[
+            Structure("job", employee="John Smith", employer="Google", kind=ChoiceField("full", ["full", "part"]))
+        ],
         relations=[Relation("works_at", head="John Smith", tail="Google")],
     )
     assert example.validate() == []
@@ -129,7 +141,9 @@ def test_real_gliner2_input_example_with_every_task_kind() -> None:
 
 
 def test_input_example_duck_typing() -> None:
-    records = load_records([FakeInputExample(TEXT, {"person": ["John Smith"]}), AttributeOnlyExample(TEXT, {"company": ["Google"]})])
+    records = load_records(
+        [FakeInputExample(TEXT, {"person": ["John Smith"]}), AttributeOnlyExample(TEXT, {"company": ["Google"]})]
+    )
     assert records.example(0) == {"input": TEXT, "output": {"entities": {"person": ["John Smith"]}}}
     assert records.example(1) == {"input": TEXT, "output": {"entities": {"company": ["Google"]}}}
 
@@ -140,13 +154,31 @@ def test_all_task_kinds_negatives_and_spans_are_valid() -> None:
         entity_descriptions={"person": "a human"},
         classifications=[
             {"task": "topic", "labels": ["work", "sport"], "true_label": "work"},
-            {"task": "tags", "labels": ["a", "b"], "true_label": ["a", "b"], "multi_label": True,
-             "label_descriptions": {"a": "first"}, "examples": [["x", "a"]]},
+            {
+                "task": "tags",
+                "labels": ["a", "b"],
+                "true_label": ["a", "b"],
+                "multi_label": True,
+                "label_descriptions": {"a": "first"},
+                "examples": [["x", "a"]],
+            },
         ],
-        json_structures=[{"job": {"employee": "John Smith", "employer": ["Google"], "kind": {"value": "full", "choices": ["full", "part"]}, "note": None}}],
+        json_structures=[
+            {
+                "job": {
+                    "employee": "John Smith",
+                    "employer": ["Google"],
+                    "kind": {"value": "full", "choices": ["full", "part"]},
+                    "note": None,
+                }
+            }
+        ],
         json_descriptions={"job": {"employee": "who"}},
         record_metadata={"job": {"mode": "natural", "anchor": "employee"}},
-        relations=[{"works_at": {"head": "John Smith", "tail": "Google"}}, {"works_at": {"head": "John", "tail": "google"}}],
+        relations=[
+            {"works_at": {"head": "John Smith", "tail": "Google"}},
+            {"works_at": {"head": "John", "tail": "google"}},
+        ],
         relation_descriptions={"works_at": "employment"},
     )
     assert len(load_records([record, _rec(entities={"person": []})])) == 2
@@ -208,32 +240,77 @@ def test_jsonl_row_numbers_continue_across_files(tmp_path: os.PathLike) -> None:
         (_rec(entities={"person": "John"}), "entities['person'] must be a list of mentions, got str"),
         (_rec(entities={"": ["John"]}), "entity type '' must be a non-empty string"),
         (_rec(entities={"person": [3]}), "entity 3 (type: person) must be a string or a {'text', 'start', 'end'} span"),
-        (_rec(entities={"company": [{"text": "Google", "start": 0, "end": 6}]}), "offsets [0, 6) hold 'John S', not 'Google'"),
+        (
+            _rec(entities={"company": [{"text": "Google", "start": 0, "end": 6}]}),
+            "offsets [0, 6) hold 'John S', not 'Google'",
+        ),
         (_rec(entities={"company": [{"text": "Google"}]}), "is a span missing ['end', 'start']"),
-        (_rec(entities={"p": []}, entity_descriptions={"company": "firms"}), "entity_descriptions describes 'company', which is not in entities"),
-        (_rec(classifications=[{"task": "t", "labels": ["a", "b"], "true_label": "c"}]), "true label 'c' not in labels list for task 't'"),
+        (
+            _rec(entities={"p": []}, entity_descriptions={"company": "firms"}),
+            "entity_descriptions describes 'company', which is not in entities",
+        ),
+        (
+            _rec(classifications=[{"task": "t", "labels": ["a", "b"], "true_label": "c"}]),
+            "true label 'c' not in labels list for task 't'",
+        ),
         (_rec(classifications=[{"task": "t", "labels": []}]), "classification 0 is missing ['true_label']"),
-        (_rec(classifications=[{"task": "t", "labels": [], "true_label": "a"}]), "classification 't' must have a non-empty list of string labels"),
-        (_rec(classifications=[{"task": "", "labels": ["a"], "true_label": "a"}]), "task name must be a non-empty string"),
-        (_rec(classifications=[{"task": "t", "labels": ["a"], "true_label": "a", "label_descriptions": {"z": "?"}}]), "label description key 'z' not in labels"),
-        (_rec(classifications=[{"task": "t", "labels": ["a"], "true_label": "a", "examples": [["only one"]]}]), "example 0 for task 't' must be an [input, output] pair"),
+        (
+            _rec(classifications=[{"task": "t", "labels": [], "true_label": "a"}]),
+            "classification 't' must have a non-empty list of string labels",
+        ),
+        (
+            _rec(classifications=[{"task": "", "labels": ["a"], "true_label": "a"}]),
+            "task name must be a non-empty string",
+        ),
+        (
+            _rec(classifications=[{"task": "t", "labels": ["a"], "true_label": "a", "label_descriptions": {"z": "?"}}]),
+            "label description key 'z' not in labels",
+        ),
+        (
+            _rec(classifications=[{"task": "t", "labels": ["a"], "true_label": "a", "examples": [["only one"]]}]),
+            "example 0 for task 't' must be an [input, output] pair",
+        ),
         (_rec(classifications={"task": "t"}), "'classifications' must be a list, got dict"),
-        (_rec(json_structures=[{"job": {"employee": "Alice"}}]), "structure value 'Alice' for 'job.employee' not found in text"),
-        (_rec(json_structures=[{"job": {"kind": {"value": "x", "choices": ["a"]}}}]), "choice field whose value is not in its choices"),
+        (
+            _rec(json_structures=[{"job": {"employee": "Alice"}}]),
+            "structure value 'Alice' for 'job.employee' not found in text",
+        ),
+        (
+            _rec(json_structures=[{"job": {"kind": {"value": "x", "choices": ["a"]}}}]),
+            "choice field whose value is not in its choices",
+        ),
         (_rec(json_structures=[{"job": {}}]), "structure 'job' has no fields"),
         (_rec(json_structures=[{"job": {"employee": ["John", "Zed"]}}]), "item 'Zed' not found in text"),
-        (_rec(relations=[{"works_at": {"head": "John", "tail": "Apple"}}]), "relation value 'Apple' for 'works_at.tail' not found in text"),
-        (_rec(relations=[{"r": {"head": "John", "tail": "Google"}}, {"r": {"head": "John", "object": "Paris"}}]), "relation 'r' has inconsistent fields"),
+        (
+            _rec(relations=[{"works_at": {"head": "John", "tail": "Apple"}}]),
+            "relation value 'Apple' for 'works_at.tail' not found in text",
+        ),
+        (
+            _rec(relations=[{"r": {"head": "John", "tail": "Google"}}, {"r": {"head": "John", "object": "Paris"}}]),
+            "relation 'r' has inconsistent fields",
+        ),
         (_rec(relations=[{"r": {}}]), "relation 'r' has no fields"),
         (_rec(record_metadata=["job"], entities={"p": []}), "'record_metadata' must be an object, got list"),
         (_rec(entities={"person": ["John"]}, extra=1), "unknown output key 'extra'"),
         ({"input": TEXT, "output": {"entities": {"p": []}}, "id": 7}, "unknown top-level key(s) 'id'"),
         ({"input": TEXT}, "missing key 'output'"),
         ({"txt": TEXT}, "unknown record format with keys ['txt']"),
-        ({"text": TEXT, "entities": {"p": []}, "entity_descriptions": {}}, "unknown top-level key(s) ['entity_descriptions']"),
+        (
+            {"text": TEXT, "entities": {"p": []}, "entity_descriptions": {}},
+            "unknown top-level key(s) ['entity_descriptions']",
+        ),
         (5, "unsupported record type int"),
-        (_rec(entities={"person": ["John"]}, classifications=[{"task": "t", "labels": ["a"], "true_label": "a", 3: "x"}]), "non-string key 3"),
-        (_rec(entities={"person": ["John"]}, record_metadata={"job": {"x": {1, 2}}}), "not JSON-serializable: set is not JSON-serializable"),
+        (
+            _rec(
+                entities={"person": ["John"]},
+                classifications=[{"task": "t", "labels": ["a"], "true_label": "a", 3: "x"}],
+            ),
+            "non-string key 3",
+        ),
+        (
+            _rec(entities={"person": ["John"]}, record_metadata={"job": {"x": {1, 2}}}),
+            "not JSON-serializable: set is not JSON-serializable",
+        ),
         (_rec(entities={"person": ["John"]}, record_metadata={"job": float("nan")}), "not JSON-serializable"),
         ({"input": "bad \ud800 text", "output": {"entities": {"p": []}}}, "not valid Unicode (a lone surrogate)"),
     ],

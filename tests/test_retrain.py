@@ -22,16 +22,35 @@ from prefect_gliner2.session_core.tiny import tiny_records
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 NAME = "ner-tiny"
-LINEAGE_KEYS = {"base_model", "base_model_hash", "data_fingerprint", "inputs_fingerprint", "manifest_fingerprint",
-                "plan_fingerprint",
-                "run_key", "metrics", "promoted", "reason", "init_weights", "train_records_sha256",
-                "valid_records_sha256", "version"}
+LINEAGE_KEYS = {
+    "base_model",
+    "base_model_hash",
+    "data_fingerprint",
+    "inputs_fingerprint",
+    "manifest_fingerprint",
+    "plan_fingerprint",
+    "run_key",
+    "metrics",
+    "promoted",
+    "reason",
+    "init_weights",
+    "train_records_sha256",
+    "valid_records_sha256",
+    "version",
+}
 
 
 def _retrain(root: Path, train: str, valid: str, **overrides: Any) -> dict[str, Any]:
-    params: dict[str, Any] = dict(model_name=NAME, train_data=train, valid_data=valid,
-                                  registry_root=str(root / "registry"), base_model="tiny:span",
-                                  config=config(num_epochs=1), storage=str(root / "runs"), cpu_threads=THREADS)
+    params: dict[str, Any] = dict(
+        model_name=NAME,
+        train_data=train,
+        valid_data=valid,
+        registry_root=str(root / "registry"),
+        base_model="tiny:span",
+        config=config(num_epochs=1),
+        storage=str(root / "runs"),
+        cpu_threads=THREADS,
+    )
     params.update(overrides)
     outcome = retrain_flow(**params)
     assert isinstance(outcome, dict), outcome
@@ -66,7 +85,12 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     registry = ModelRegistry(str(tmp_path / "registry"), NAME)
 
     first = _retrain(tmp_path, str(train), valid)
-    assert (first["status"], first["version"], first["current"], first["previous"]) == ("promoted", "v000001", "v000001", None)
+    assert (first["status"], first["version"], first["current"], first["previous"]) == (
+        "promoted",
+        "v000001",
+        "v000001",
+        None,
+    )
     v1 = registry.get("v000001")
     assert LINEAGE_KEYS <= set(v1.lineage) and v1.lineage["promoted"] is True and v1.lineage["init_weights"] is None
     assert v1.lineage["data_fingerprint"] == data_fingerprint(str(train), valid)["data_fingerprint"]
@@ -97,13 +121,18 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     from prefect_gliner2.flows.train import train_flow
 
     with pytest.raises(RunConflictError, match="init_weights"):
-        train_flow(model="tiny:span", run_key=v2.lineage["run_key"], storage=str(tmp_path / "runs"),
-                   cpu_threads=THREADS)
+        train_flow(
+            model="tiny:span", run_key=v2.lineage["run_key"], storage=str(tmp_path / "runs"), cpu_threads=THREADS
+        )
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(8, seed=7))
     promoted = _retrain(tmp_path, str(train), valid, config=config(num_epochs=2))
     assert (promoted["status"], promoted["version"], promoted["current"], promoted["previous"]) == (
-        "promoted", "v000003", "v000003", "v000001")
+        "promoted",
+        "v000003",
+        "v000003",
+        "v000001",
+    )
     scores = promoted["metrics"]
     assert scores["candidate"]["eval_loss"] < scores["current"]["eval_loss"]
     assert json.loads((tmp_path / "registry" / NAME / "CURRENT.json").read_text())["previous"] == "v000001"

@@ -13,9 +13,11 @@ from prefect_gliner2.session_core.errors import CheckpointError
 
 
 def _checkpoint(run_dir: RunDirectory, name: str, cursor: int, step: int, fingerprint: str = "fp") -> None:
-    write_checkpoint(run_dir.checkpoint_uri(name), {"managed.json": b"{}"},
-                     {"kind": "managed", "plan_fingerprint": fingerprint, "cursor": cursor, "step": step,
-                      "finished": False})
+    write_checkpoint(
+        run_dir.checkpoint_uri(name),
+        {"managed.json": b"{}"},
+        {"kind": "managed", "plan_fingerprint": fingerprint, "cursor": cursor, "step": step, "finished": False},
+    )
 
 
 def test_a_damaged_newest_checkpoint_rewinds_to_the_previous_intact_one(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Tiny offline GLiNER2 builders (prefect_gliner2.session_core.tiny): determinism, native loading, native training, inference."""
+"""Tiny offline GLiNER2 builders (prefect_gliner2.session_core.tiny): determinism, native loading, native training,
+inference."""
 
 from __future__ import annotations
 
@@ -92,9 +93,7 @@ def _load(path):
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
-    }
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 # ---------------------------------------------------------------------------
@@ -282,7 +281,8 @@ def test_options_reach_the_model(tmp_path, offline):
     deberta = build_tiny_model("span", encoder="deberta-v2")
     assert deberta.encoder.config.model_type == "deberta-v2" and deberta.encoder.config.relative_attention
     assert _files(save_tiny_model(tmp_path / "d1", "boundary", encoder="deberta-v2")) == _files(
-        save_tiny_model(tmp_path / "d2", "boundary", encoder="deberta-v2"))
+        save_tiny_model(tmp_path / "d2", "boundary", encoder="deberta-v2")
+    )
     with pytest.raises(ValueError, match="encoder must be one of"):
         save_tiny_model(tmp_path / "bad", "span", encoder="roberta")
 
@@ -307,9 +307,7 @@ def test_encoder_dir_is_deterministic_and_builds_a_fresh_extractor(tmp_path, off
     # the "new model from a pretrained encoder" path: model_name is the encoder directory
     config = gliner2.ExtractorConfig(model_name=str(first), architecture="span", max_width=4)
     extractor = gliner2.SpanExtractor(config)
-    assert torch.equal(
-        extractor.encoder.embeddings.word_embeddings.weight, encoder.embeddings.word_embeddings.weight
-    )
+    assert torch.equal(extractor.encoder.embeddings.word_embeddings.weight, encoder.embeddings.word_embeddings.weight)
 
 
 # ---------------------------------------------------------------------------

@@ -57,8 +57,17 @@ def test_exact_continuation_in_a_fresh_process_from_mid_window(arch, lora, tmp_p
     expected = snapshot(session)
     assert session.step == plan.max_steps
 
-    child = run_child("_session_child.py", {"arch": arch, "lora": lora, "mode": "direct", "start": cut + 1,
-                                            "checkpoint": str(tmp_path / "ckpt"), "out": str(tmp_path / "out.st")})
+    child = run_child(
+        "_session_child.py",
+        {
+            "arch": arch,
+            "lora": lora,
+            "mode": "direct",
+            "start": cut + 1,
+            "checkpoint": str(tmp_path / "ckpt"),
+            "out": str(tmp_path / "out.st"),
+        },
+    )
     assert child["losses"] == tail
     assert child["step"] == plan.max_steps
     assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
@@ -103,7 +112,9 @@ def test_native_export_round_trip_predicts_like_the_live_model(arch, lora, tmp_p
         for record in train_records(6):
             labels = sorted(record["output"]["entities"])
             expected = session.model.extract_entities(record["input"], labels, threshold=0.0, include_confidence=True)
-            assert exported.extract_entities(record["input"], labels, threshold=0.0, include_confidence=True) == expected
+            assert (
+                exported.extract_entities(record["input"], labels, threshold=0.0, include_confidence=True) == expected
+            )
     session.model.train()
     if lora:
         assert (tmp_path / "export" / "adapter" / "adapter_config.json").exists()
@@ -154,14 +165,19 @@ def test_preloaded_adapter_continues_without_reinitialisation(arch, tmp_path):
     assert all(np.isfinite(losses))
 
     with pytest.raises(AdapterMismatchError, match="lora_r"):
-        mismatched = PeftModel.from_pretrained(make_model(arch), str(tmp_path / "export" / "adapter"), is_trainable=True)
+        mismatched = PeftModel.from_pretrained(
+            make_model(arch), str(tmp_path / "export" / "adapter"), is_trainable=True
+        )
         TrainingSession(mismatched, make_config(arch, True, lora_r=8), max_steps=plan.max_steps)
     with pytest.raises(AdapterMismatchError, match="inference mode"):
         frozen = PeftModel.from_pretrained(make_model(arch), str(tmp_path / "export" / "adapter"))
         TrainingSession(frozen, make_config(arch, True), max_steps=plan.max_steps)
     with pytest.raises(AdapterMismatchError, match="use_lora=False"):
-        TrainingSession(PeftModel.from_pretrained(make_model(arch), str(tmp_path / "export" / "adapter"), is_trainable=True),
-                        make_config(arch, False), max_steps=plan.max_steps)
+        TrainingSession(
+            PeftModel.from_pretrained(make_model(arch), str(tmp_path / "export" / "adapter"), is_trainable=True),
+            make_config(arch, False),
+            max_steps=plan.max_steps,
+        )
 
 
 def _fresh_rng(session):
@@ -183,7 +199,11 @@ def test_load_weights_from_checkpoint_keeps_a_fresh_run(arch, lora, tmp_path):
     report = fresh.load_weights(str(tmp_path / "ckpt"))
     assert report["kind"] == "checkpoint"
     rng = _fresh_rng(fresh)
-    assert rng[0] == reference_rng[0] and np.array_equal(rng[1], reference_rng[1]) and torch.equal(rng[2], reference_rng[2])
+    assert (
+        rng[0] == reference_rng[0]
+        and np.array_equal(rng[1], reference_rng[1])
+        and torch.equal(rng[2], reference_rng[2])
+    )
     assert all(torch.equal(p, weights[n]) for n, p in fresh.model.named_parameters())
     assert fresh.step == 0 and fresh.pending_micro_batches == 0
     assert fresh.engine.optimizer.state_dict()["state"] == {}
@@ -211,8 +231,10 @@ def test_load_weights_native_single_and_sharded_and_adapter_dirs(tmp_path):
         (sharded / name).write_bytes((tmp_path / "single" / name).read_bytes())
     tensors = safetensors.torch.load_file(str(tmp_path / "single" / "model.safetensors"))
     names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    halves = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     weight_map = {}
     for shard, keys in halves.items():
         safetensors.torch.save_file({k: tensors[k] for k in keys}, str(sharded / shard))
@@ -248,8 +270,11 @@ def test_full_model_seeds_fresh_adapters(tmp_path):
     trained.export_weights(str(tmp_path / "full"))
     lora, _ = new_session("span", True)
     lora.load_weights(str(tmp_path / "full"))
-    base = {k.replace("base_model.model.", "").replace(".base_layer.", "."): v
-            for k, v in lora.model.state_dict().items() if "lora_" not in k}
+    base = {
+        k.replace("base_model.model.", "").replace(".base_layer.", "."): v
+        for k, v in lora.model.state_dict().items()
+        if "lora_" not in k
+    }
     expected = trained.model.state_dict()
     assert all(torch.equal(base[k], expected[k]) for k in expected)
     assert lora.provenance["base_model_hash"] != new_session("span", True)[0].provenance["base_model_hash"]
@@ -391,8 +416,11 @@ def test_a_sample_the_model_cannot_process_is_an_error(monkeypatch):
 def test_lora_activation_checkpointing_is_non_reentrant_and_reaches_encoder_adapters():
     session, plan = new_session("span", True, gradient_checkpointing=True)
     session.forward_backward(plan.batch(0))
-    encoder_grads = [p.grad for n, p in session.model.named_parameters()
-                     if p.requires_grad and "encoder.encoder.layer" in n and "lora_B" in n]
+    encoder_grads = [
+        p.grad
+        for n, p in session.model.named_parameters()
+        if p.requires_grad and "encoder.encoder.layer" in n and "lora_B" in n
+    ]
     assert encoder_grads and all(g is not None and bool(g.abs().sum() > 0) for g in encoder_grads)
 
 
@@ -484,14 +512,29 @@ def _every_task_kind(n: int) -> list[dict]:
     out = []
     for i in range(n):
         person, firm, city = people[i % 3], firms[(i + 1) % 3], cities[i % 2]
-        out.append({"input": f"{person} works at {firm} in {city} .", "output": {
-            "relations": [{"works_at": {"head": person, "tail": firm}}, {"located_in": {"head": firm, "tail": city}}],
-            "entities": {"person": [person], "company": [firm], "city": [city], "day": []},
-            "entity_descriptions": {"person": "a human"},
-            "json_structures": [{"job": {"employer": firm, "employee": person,
-                                         "kind": {"value": "full", "choices": ["part", "full"]}}}],
-            "classifications": [{"task": "topic", "labels": ["work", "sport"], "true_label": ["work"]}],
-        }})
+        out.append(
+            {
+                "input": f"{person} works at {firm} in {city} .",
+                "output": {
+                    "relations": [
+                        {"works_at": {"head": person, "tail": firm}},
+                        {"located_in": {"head": firm, "tail": city}},
+                    ],
+                    "entities": {"person": [person], "company": [firm], "city": [city], "day": []},
+                    "entity_descriptions": {"person": "a human"},
+                    "json_structures": [
+                        {
+                            "job": {
+                                "employer": firm,
+                                "employee": person,
+                                "kind": {"value": "full", "choices": ["part", "full"]},
+                            }
+                        }
+                    ],
+                    "classifications": [{"task": "topic", "labels": ["work", "sport"], "true_label": ["work"]}],
+                },
+            }
+        )
     return out
 
 

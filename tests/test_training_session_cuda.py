@@ -24,15 +24,18 @@ from prefect_gliner2.session_core import TrainingSession
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
-MATRIX = [(arch, precision, lora) for arch in ("span", "boundary") for precision in ("fp32", "bf16") for lora in (False, True)]
+MATRIX = [
+    (arch, precision, lora) for arch in ("span", "boundary") for precision in ("fp32", "bf16") for lora in (False, True)
+]
 
 
 def _native_bf16() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
-@pytest.mark.parametrize(("arch", "precision", "lora"), MATRIX,
-                         ids=[f"{a}-{p}-{'lora' if lo else 'full'}" for a, p, lo in MATRIX])
+@pytest.mark.parametrize(
+    ("arch", "precision", "lora"), MATRIX, ids=[f"{a}-{p}-{'lora' if lo else 'full'}" for a, p, lo in MATRIX]
+)
 def test_cuda_exact_continuation_and_export(arch, precision, lora, tmp_path):
     if precision == "bf16" and not _native_bf16():
         pytest.skip(f"{torch.cuda.get_device_name()} has no hardware-native bf16")
@@ -51,9 +54,19 @@ def test_cuda_exact_continuation_and_export(arch, precision, lora, tmp_path):
     expected = snapshot(session)
     session.export_weights(str(tmp_path / "export"))
 
-    child = run_child("_session_child.py", {"arch": arch, "lora": lora, "mode": "direct", "start": cut + 1,
-                                            "device": "cuda", "config": overrides,
-                                            "checkpoint": str(tmp_path / "ckpt"), "out": str(tmp_path / "out.st")})
+    child = run_child(
+        "_session_child.py",
+        {
+            "arch": arch,
+            "lora": lora,
+            "mode": "direct",
+            "start": cut + 1,
+            "device": "cuda",
+            "config": overrides,
+            "checkpoint": str(tmp_path / "ckpt"),
+            "out": str(tmp_path / "out.st"),
+        },
+    )
     assert child["losses"] == tail
     assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
     assert (tmp_path / "export" / "model.safetensors").exists()

@@ -64,8 +64,9 @@ def test_operations_run_in_order_and_are_idempotent(run: dict[str, str]) -> None
     assert worker.pid is None or pid_gone(worker.pid or 0)
 
 
-def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_kill_restarts_from_checkpoint_bitwise(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     checkpoint = str(tmp_path / "step-000002-batch-000003")
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -97,7 +98,9 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_p
     assert_same_export(str(tmp_path / "export"), direct)
 
 
-def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deterministic_and_transient_remote_errors(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broken = _worker(run, locator=lambda: str(tmp_path / "no-such-checkpoint"))
     try:
         with pytest.raises(CheckpointError, match="no committed checkpoint") as refused:
@@ -117,9 +120,9 @@ def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path
         worker.close()
 
 
-
-def test_full_storage_in_the_worker_is_permanent(run: dict[str, str], tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_storage_in_the_worker_is_permanent(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ENOSPC while the worker writes a checkpoint: StorageFullError (never retried), no partial checkpoint left
     that looks complete, and once space is back a fresh worker writes the same checkpoint."""
     monkeypatch.setenv("PREFECT_GLINER2_TEST_OSERROR", f"checkpoint-write:3:ENOSPC:{tmp_path / 'full-once'}")
@@ -168,8 +171,12 @@ _PARENT = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["kill-9", "plain-exit"])
 def test_worker_exits_when_its_parent_dies(run: dict[str, str], how: str) -> None:
     script = _PARENT.format(root=str(ROOT), model=run["model"], manifest=run["manifest"])
-    parent = subprocess.Popen([sys.executable, "-c", script, "wait" if how == "kill-9" else "exit"],
-                              stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, "wait" if how == "kill-9" else "exit"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(ROOT),
+    )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     if how == "kill-9":
