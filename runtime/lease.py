@@ -22,10 +22,9 @@ from typing import Any
 
 from prefect_gliner2.runtime.errors import RunLockedError
 from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.session_core.layout import LEASE_FILE
 
 __all__ = ["RunLease"]
-
-LEASE_FILE = ".lease"
 
 
 class RunLease:

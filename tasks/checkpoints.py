@@ -16,7 +16,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from prefect_gliner2.runtime import faults, live_runs
-from prefect_gliner2.runtime.rundir import DurableCursor, checkpoint_name
+from prefect_gliner2.runtime.rundir import DurableCursor
+from prefect_gliner2.session_core.layout import checkpoint_name
 from prefect_gliner2.tasks.training import RETRYING, call_worker
 
 __all__ = ["CHECKPOINT_EVENT", "checkpoint", "run_resource"]

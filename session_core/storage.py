@@ -1,0 +1,275 @@
+"""Where bytes land on fsspec storage: local or not, one atomic-write policy, directory commits, debris (torch-free).
+
+Every module that writes run directories, checkpoints, exports, manifests or the model registry goes through here,
+so the storage policy is decided in one place:
+
+- ``is_local(fs)``: local storage is fsspec's ``LocalFileSystem`` (plain and relative paths, ``file://``); anything
+  else (``memory://``, ``s3://``, ``gs://``, ...) is remote.
+- ``write_atomic(fs, path, data)``: a reader sees the old content or the new content, never a mix. Locally the
+  bytes go to a hidden temporary sibling (mode 0o600) which is fsynced, renamed over `path`, and the directory
+  fsynced. Remotely they are one object write of the complete bytes (``pipe_file``), which object stores apply
+  atomically: no temporary object, no move.
+- ``directory_commit(uri, marker)``: a directory whose marker file (``checkpoint.json``, ``export.json``) is
+  written last. Locally the directory is staged as a hidden sibling (``layout.staging_name``), fsynced and renamed
+  into place, so a kill leaves nothing or all of it. Remotely the files are written in place and the marker last;
+  readers treat a directory without its marker as absent. A new remote policy (for example a unique prefix per
+  attempt with the marker naming it) is another ``DirectoryCommit`` class chosen in ``directory_commit``; callers
+  do not change.
+- ``remove_debris(fs, folder)``: deletes what a killed writer left in `folder` (``layout.is_debris``); call it only
+  while holding the run's lease, so no live writer owns those names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from prefect_gliner2.session_core import layout
+
+__all__ = [
+    "DirectoryCommit",
+    "LocalDirectoryCommit",
+    "RemoteDirectoryCommit",
+    "directory_commit",
+    "fsync_dir",
+    "is_local",
+    "remove_debris",
+    "remove_uncommitted",
+    "resolve",
+    "write_atomic",
+    "write_file_atomic",
+]
+
+
+def is_local(fs: Any) -> bool:
+    """True for the local filesystem (plain or relative paths, ``file://``); False for every other fsspec store."""
+    return isinstance(fs, LocalFileSystem)
+
+
+def resolve(uri: str | os.PathLike[str]) -> tuple[Any, str]:
+    """(filesystem, path without trailing slash) of a local path or fsspec URL; local paths come back absolute."""
+    fs, path = fsspec.core.url_to_fs(os.fspath(uri))
+    return fs, path.rstrip("/") or path
+
+
+# ---- single files ------------------------------------------------------------------------------------------
+
+
+def write_atomic(fs: Any, path: str, data: bytes) -> None:
+    """Replace the file at `path` with `data` atomically (see the module docstring for the local/remote policy)."""
+    if is_local(fs):
+        write_file_atomic(path, data)
+        return
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    if parent:
+        try:
+            fs.makedirs(parent, exist_ok=True)
+        except OSError:
+            pass  # object stores have no directories
+    fs.pipe_file(path, data)  # one object write of the complete bytes: atomic on object stores
+
+
+def write_file_atomic(path: str, data: bytes) -> None:
+    """Local half of ``write_atomic``: a hidden ``.<name>.*.tmp`` sibling (0o600), fsync, rename, fsync the directory.
+
+    A kill at any moment leaves the old file or the new one, plus at most a temporary file ``remove_debris`` finds.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(
+        prefix=layout.temp_prefix(os.path.basename(path)), suffix=layout.TEMP_SUFFIX, dir=directory
+    )
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside `path` durable (best effort where the filesystem cannot fsync a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---- directories committed by a marker written last --------------------------------------------------------
+
+
+class DirectoryCommit(ABC):
+    """Builds one directory at `uri` whose `marker` file is written last; use as a context manager.
+
+    ``write(name, data)`` adds a file; ``local_dir()`` is a local folder whose contents become part of the directory
+    (for libraries that write files themselves, such as ``save_pretrained``); ``commit(marker_bytes)`` makes the
+    directory visible. Leaving the ``with`` block without a commit removes the local staging (remote files written
+    in place stay as uncommitted debris for ``remove_uncommitted``). `before_commit` runs once everything but the
+    marker is in place.
+    """
+
+    def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
+        self.fs, self.path, self.uri, self.marker = fs, path, uri, marker
+        self.before_commit = before_commit
+
+    def __enter__(self) -> DirectoryCommit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+    @abstractmethod
+    def write(self, name: str, data: bytes) -> None:
+        """See the class docstring."""
+
+    @abstractmethod
+    def local_dir(self) -> Path:
+        """See the class docstring."""
+
+    @abstractmethod
+    def commit(self, marker_bytes: bytes) -> None:
+        """See the class docstring."""
+
+    @abstractmethod
+    def discard(self) -> None:
+        """See the class docstring."""
+
+
+class LocalDirectoryCommit(DirectoryCommit):
+    """Local policy: stage as a hidden sibling (0o700 directory, 0o600 files, each fsynced), then one rename."""
+
+    def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
+        super().__init__(fs, path, uri, marker, before_commit)
+        parent = os.path.dirname(os.path.abspath(path)) or "."
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        self.parent = parent
+        self.staging = Path(parent) / layout.staging_name(os.path.basename(path))
+        self.staging.mkdir(mode=0o700)
+
+    def write(self, name: str, data: bytes) -> None:
+        fd = os.open(self.staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def local_dir(self) -> Path:
+        return self.staging
+
+    def commit(self, marker_bytes: bytes) -> None:
+        self.write(self.marker, marker_bytes)
+        fsync_dir(str(self.staging))
+        if self.before_commit is not None:
+            self.before_commit()
+        if os.path.isdir(self.path):
+            os.rmdir(self.path)  # an empty directory someone created for us
+        os.rename(self.staging, self.path)
+        fsync_dir(self.parent)
+
+    def discard(self) -> None:
+        if self.staging.exists():
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class RemoteDirectoryCommit(DirectoryCommit):
+    """Remote policy: files written in place (``local_dir`` contents uploaded at commit), the marker last."""
+
+    def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
+        super().__init__(fs, path, uri, marker, before_commit)
+        self._local: Path | None = None
+        self._made = False
+
+    def _ensure_dir(self) -> None:
+        if not self._made:
+            self.fs.makedirs(self.path, exist_ok=True)
+            self._made = True
+
+    def write(self, name: str, data: bytes) -> None:
+        self._ensure_dir()
+        with self.fs.open(f"{self.path}/{name}", "wb") as handle:
+            handle.write(data)
+
+    def local_dir(self) -> Path:
+        if self._local is None:
+            self._local = Path(tempfile.mkdtemp(prefix="prefect-gliner2-upload-"))
+        return self._local
+
+    def commit(self, marker_bytes: bytes) -> None:
+        if self._local is not None:
+            self.fs.put(f"{self._local}/", self.path, recursive=True)  # trailing slash: the contents
+        else:
+            self._ensure_dir()
+        if self.before_commit is not None:
+            self.before_commit()
+        with self.fs.open(f"{self.path}/{self.marker}", "wb") as handle:
+            handle.write(marker_bytes)
+
+    def discard(self) -> None:
+        if self._local is not None and self._local.exists():
+            shutil.rmtree(self._local, ignore_errors=True)
+
+
+def directory_commit(
+    uri: str, marker: str, *, what: str, before_commit: Callable[[], None] | None = None
+) -> DirectoryCommit:
+    """A commit of a new directory at `uri` under this storage's policy; refuses a destination that is not empty.
+
+    `what` names the directory in the error ("checkpoint", "export").
+    """
+    fs, path = resolve(uri)
+    if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
+        raise FileExistsError(f"{what} destination {uri} already exists and is not empty; choose a new location")
+    policy = LocalDirectoryCommit if is_local(fs) else RemoteDirectoryCommit
+    return policy(fs, path, uri, marker, before_commit)
+
+
+# ---- debris --------------------------------------------------------------------------------------------------
+
+
+def remove_debris(fs: Any, folder: str, of: str | None = None) -> list[str]:
+    """Delete staging leftovers in `folder` (only those of target name `of`, when given); returns their names.
+
+    Call only while holding the run's lease: no live writer may own the names removed.
+    """
+    if not fs.exists(folder):
+        return []
+    removed = []
+    for entry in fs.ls(folder, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if layout.is_debris(name, of):
+            fs.rm(entry, recursive=True)
+            removed.append(name)
+    return removed
+
+
+def remove_uncommitted(uri: str) -> list[str]:
+    """Delete an uncommitted directory at `uri` (the caller checked that its marker is absent) and its staging
+    leftovers; returns what was removed. Call only while holding the run's lease."""
+    fs, path = resolve(uri)
+    removed = []
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+        removed.append(path.rsplit("/", 1)[-1])
+    if "/" in path:
+        parent, name = path.rsplit("/", 1)
+        removed += remove_debris(fs, parent, of=name)
+    return removed
