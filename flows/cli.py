@@ -119,10 +119,10 @@ def _inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
 
 def _check_storage(storage: str) -> None:
     """A local storage path must be (or be creatable as) a directory: find out before a flow run starts."""
-    import fsspec
+    from prefect_gliner2.session_core.storage import is_local, resolve
 
-    fs, path = fsspec.core.url_to_fs(storage)
-    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    fs, path = resolve(storage)
+    if not is_local(fs):
         return
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
@@ -135,11 +135,12 @@ def _check_storage(storage: str) -> None:
 
 
 def _train(args: Any) -> int:
-    from prefect_gliner2.flows.train import prepare_run
+    from prefect_gliner2.flows.train import prepare_run, use_prepared
+    from prefect_gliner2.session_core.layout import MANIFEST_FILE
 
     config, train, valid = _inputs(args)
     prepared = prepare_run(args.model, _one(train), _one(valid), config, args.run_key, args.storage)
-    if prepared.manifest is not None and prepared.run_dir.exists("manifest.json"):
+    if prepared.manifest is not None and prepared.run_dir.exists(MANIFEST_FILE):
         prepared.run_dir.ensure_manifest(prepared.manifest)  # refuses a different plan before Prefect starts
     from prefect_gliner2.flows.reporting import add_listener, remove_listener
     from prefect_gliner2.flows.train import TrainingConfigModel, train_flow
@@ -147,21 +148,22 @@ def _train(args: Any) -> int:
     bar = ProgressBar(sys.stderr)
     add_listener(bar)
     try:
-        state = train_flow(
-            model=args.model,
-            train_data=_one(train),
-            valid_data=_one(valid),
-            config=TrainingConfigModel.model_validate(config),
-            run_key=prepared.run_dir.run_key,
-            storage=args.storage,
-            checkpoint_every=args.checkpoint_every,
-            export_to=args.export_to,
-            batches_per_task=args.batches_per_task,
-            pipeline_depth=args.pipeline_depth,
-            device=args.device,
-            cpu_threads=args.cpu_threads,
-            return_state=True,
-        )
+        with use_prepared(prepared):  # the flow uses this plan instead of planning the same inputs again
+            state = train_flow(
+                model=args.model,
+                train_data=_one(train),
+                valid_data=_one(valid),
+                config=TrainingConfigModel.model_validate(config),
+                run_key=prepared.run_dir.run_key,
+                storage=args.storage,
+                checkpoint_every=args.checkpoint_every,
+                export_to=args.export_to,
+                batches_per_task=args.batches_per_task,
+                pipeline_depth=args.pipeline_depth,
+                device=args.device,
+                cpu_threads=args.cpu_threads,
+                return_state=True,
+            )
     finally:
         remove_listener(bar)
         bar.close()
@@ -185,23 +187,22 @@ def _one(paths: list[str] | None) -> str | list[str] | None:
 def _plan(args: Any) -> int:
     from prefect_gliner2.runtime.model_sources import model_architecture
     from prefect_gliner2.session_core import ManagedTrainingPlan
-    from prefect_gliner2.session_core.manifest import write_manifest
+    from prefect_gliner2.session_core.manifest import encode_manifest, write_manifest
 
     config, train, valid = _inputs(args)
     plan = ManagedTrainingPlan(_one(train), config, architecture=model_architecture(args.model))
-    manifest = plan.manifest_bytes(_one(valid))
+    manifest = encode_manifest(plan, _one(valid))
     if args.out:
-        write_manifest(manifest, args.out)
+        write_manifest(manifest.data, args.out)
     if args.print_manifest:
-        sys.stdout.write(manifest.decode("utf-8"))
+        sys.stdout.write(manifest.data.decode("utf-8"))
         return 0
-    parsed = json.loads(manifest)
     print(
         f"plan {plan.fingerprint} ({plan.architecture}): {len(plan.records)} training records, "
-        f"{len(parsed['eval_examples'])} validation records\n"
+        f"{manifest.eval_record_count} validation records\n"
         f"  {plan.batch_count} batches over {plan.num_epochs} epoch(s), {plan.max_steps} optimizer updates, "
-        f"{len(parsed['validations'])} validation point(s)\n"
-        f"  manifest content address {parsed['content_address']}"
+        f"{len(plan.validations())} validation point(s)\n"
+        f"  manifest content address {manifest.content_address}"
         + (f"\n  written to {args.out} (it contains the training data)" if args.out else "")
     )
     return 0

@@ -17,14 +17,14 @@ the durable cursor. Importing this module does not import torch: training happen
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-import fsspec
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -43,12 +43,13 @@ from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.errors import ConfigError
-from prefect_gliner2.session_core.manifest import load_manifest
+from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
+from prefect_gliner2.session_core.storage import resolve
 from prefect_gliner2.tasks.export import export_model
 
-__all__ = ["TrainingConfigModel", "default_storage", "prepare_run", "train_flow"]
+__all__ = ["PreparedRun", "TrainingConfigModel", "default_storage", "prepare_run", "train_flow", "use_prepared"]
 
 STORAGE_ENV = "PREFECT_GLINER2_STORAGE"
 
@@ -129,6 +130,7 @@ class PreparedRun:
     content_address: str
     has_validation: bool
     model: str
+    inputs: tuple[Any, ...] = ()  # what it was prepared from (see ``use_prepared``)
 
 
 def prepare_run(
@@ -148,7 +150,7 @@ def prepare_run(
         if run_key is None:
             raise ConfigError("train_data is required for a new run; to resume without it, pass the run_key")
         run_dir = RunDirectory(storage, run_key)
-        if not run_dir.exists("manifest.json"):
+        if not run_dir.exists(layout.MANIFEST_FILE):
             raise ConfigError(
                 f"run key {run_key!r} has no manifest at {run_dir.uri}; pass train_data and config to start it"
             )
@@ -158,21 +160,63 @@ def prepare_run(
                 f"run key {run_key!r} was planned with a different config; omit config to resume "
                 "with the recorded one, or use a new run key"
             )
-        return PreparedRun(run_dir, loaded.plan, None, loaded.content_address, len(loaded.eval_records) > 0, model)
+        inputs = _inputs_key(model, train_data, valid_data, config, run_dir)
+        return PreparedRun(
+            run_dir, loaded.plan, None, loaded.content_address, len(loaded.eval_records) > 0, model, inputs
+        )
     if config is None:
         raise ConfigError("config is required for a new run: pass TrainingConfig fields (at least fp16 and bf16)")
     try:
         plan = ManagedTrainingPlan(train_data, config, architecture=architecture)
-        manifest = plan.manifest_bytes(valid_data)
+        manifest = encode_manifest(plan, valid_data)
     except FileNotFoundError as exc:
         raise ConfigError(
             f"data file {exc.filename or exc} does not exist; pass JSONL path(s) or URL(s) that exist"
         ) from None
-    parsed = json.loads(manifest)
-    address = str(parsed["content_address"])
+    address = manifest.content_address
     key = run_key if run_key is not None else f"{architecture}-{address[:16]}"
     validate_run_key(key)
-    return PreparedRun(RunDirectory(storage, key), plan, manifest, address, bool(parsed["eval_examples"]), model)
+    run_dir = RunDirectory(storage, key)
+    inputs = _inputs_key(model, train_data, valid_data, config, run_dir)
+    return PreparedRun(run_dir, plan, manifest.data, address, manifest.eval_record_count > 0, model, inputs)
+
+
+def _inputs_key(
+    model: str, train_data: Any, valid_data: Any, config: TrainingConfig | None, run_dir: RunDirectory
+) -> tuple[Any, ...]:
+    return (model, train_data, valid_data, config.to_dict() if config is not None else None, run_dir.uri)
+
+
+_PREPARED: ContextVar[PreparedRun | None] = ContextVar("prefect_gliner2_prepared_run", default=None)
+
+
+@contextmanager
+def use_prepared(run: PreparedRun) -> Iterator[PreparedRun]:
+    """Inside this block, a ``train_flow`` call in this thread for the same model, run key and storage uses `run`
+    (from ``prepare_run``) instead of planning again: a caller that planned first, to report bad input before a
+    flow run exists, passes the flow the same parameters and the planning is done once."""
+    token = _PREPARED.set(run)
+    try:
+        yield run
+    finally:
+        _PREPARED.reset(token)
+
+
+def _prepare(
+    model: str,
+    train_data: Any,
+    valid_data: Any,
+    config: TrainingConfig | None,
+    run_key: str | None,
+    storage_url: str | None,
+) -> PreparedRun:
+    """The run the caller prepared for exactly these inputs (see ``use_prepared``), else ``prepare_run``'s."""
+    given = _PREPARED.get()
+    if given is not None and run_key is not None:
+        run_dir = RunDirectory(storage_url or default_storage(), validate_run_key(run_key))
+        if given.inputs == _inputs_key(model, train_data, valid_data, config, run_dir):
+            return given
+    return prepare_run(model, train_data, valid_data, config, run_key, storage_url)
 
 
 # ---- the flow ----------------------------------------------------------------------------------------------
@@ -226,7 +270,7 @@ def train_flow(
             Recorded with the run: a resume must pass the same value.
     """
     logger = get_run_logger()
-    prepared = prepare_run(
+    prepared = _prepare(
         model, train_data, valid_data, config.to_training_config() if config else None, run_key, storage
     )
     if init_weights is not None:
@@ -308,9 +352,10 @@ def _open(
     if damaged:
         restore = run_dir.read_cursor()
         logger.warning(
-            "checkpoint %s is damaged: moved aside as .damaged-%s-*; continuing from the previous intact "
+            "checkpoint %s is damaged: moved aside as %s%s-*; continuing from the previous intact "
             "checkpoint %s (batch %s)",
             damaged,
+            layout.DAMAGED_PREFIX,
             damaged,
             restore.checkpoint if restore else None,
             restore.cursor if restore else None,
@@ -357,7 +402,7 @@ def _open(
 
 
 def _check_init_weights(uri: str) -> None:
-    fs, path = fsspec.core.url_to_fs(uri)
+    fs, path = resolve(uri)
     if not fs.isdir(path):
         raise ConfigError(
             f"init_weights {uri!r} is not a directory; pass a model, adapter, export or checkpoint directory"
@@ -369,8 +414,8 @@ def _completed(run_dir: RunDirectory, export_uri: str) -> dict[str, Any] | None:
     cursor = run_dir.read_cursor()
     if cursor is None or not cursor.finished or cursor.export != export_uri or cursor.summary is None:
         return None
-    fs, path = fsspec.core.url_to_fs(export_uri)
-    return dict(cursor.summary) if fs.exists(f"{path.rstrip('/')}/export.json") else None
+    fs, path = resolve(export_uri)
+    return dict(cursor.summary) if fs.exists(f"{path}/{layout.EXPORT_MARKER_FILE}") else None
 
 
 def _train(
@@ -431,7 +476,7 @@ def _summary(live: LiveRun, info: dict[str, Any], cursor: Any, start: int, outco
         "export": info.get("uri"),
         "label": info.get("label"),
         "checkpoint": cursor.checkpoint if cursor is not None else None,
-        "checkpoints": live.run_dir.join("checkpoints"),
+        "checkpoints": live.run_dir.checkpoints_uri,
         "total_steps": info.get("total_steps"),
         "total_epochs": info.get("total_epochs"),
         "best_metric": best if isinstance(best, (int, float)) and abs(best) != float("inf") else None,

@@ -194,3 +194,58 @@ def test_flow_and_cli_modules_do_not_import_torch() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "none"
+
+
+def test_the_flow_reuses_the_run_its_caller_prepared(
+    files: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within use_prepared, the flow's preparation returns the caller's run for the same inputs and plans anew for
+    any other inputs."""
+    from prefect_gliner2.flows import train as train_flow_module
+
+    storage, cfg = str(tmp_path / "runs"), TrainingConfig.from_dict(config())
+    prepared = train_flow_module.prepare_run("tiny:span", files["train"], files["valid"], cfg, "once", storage)
+    assert prepared.has_validation and prepared.manifest is not None
+    calls: list[tuple[object, ...]] = []
+    real_prepare_run = train_flow_module.prepare_run
+
+    def counting_prepare_run(*args: object) -> object:
+        calls.append(args)
+        return real_prepare_run(*args)
+
+    monkeypatch.setattr(train_flow_module, "prepare_run", counting_prepare_run)
+    same = ("tiny:span", files["train"], files["valid"], TrainingConfig.from_dict(config()), "once", storage)
+    with train_flow_module.use_prepared(prepared):
+        assert train_flow_module._prepare(*same) is prepared
+        assert calls == []
+        other = train_flow_module._prepare("tiny:span", files["train"], None, cfg, "once", storage)
+        assert other is not prepared and not other.has_validation and len(calls) == 1
+        elsewhere = train_flow_module._prepare(*same[:5], str(tmp_path / "other"))
+        assert elsewhere is not prepared and len(calls) == 2
+    assert train_flow_module._prepare(*same) is not prepared and len(calls) == 3
+
+
+def test_train_plans_the_run_once(
+    prefect_server: str,  # noqa: F811
+    files: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI plans to report bad input before a flow run exists; the flow run it starts uses that plan."""
+    from prefect_gliner2.flows import train as train_flow_module
+
+    plans: list[str] = []
+    real_prepare_run = train_flow_module.prepare_run
+
+    def counting_prepare_run(*args: object) -> object:
+        run = real_prepare_run(*args)
+        plans.append(run.plan.fingerprint)
+        return run
+
+    monkeypatch.setattr(train_flow_module, "prepare_run", counting_prepare_run)
+    argv = _train_args(files, **{"--run-key": "cli-once", "--storage": str(tmp_path / "runs")})
+    assert main([*argv, "--export", str(tmp_path / "model"), "--cpu-threads", "1", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert len(plans) == 1 and summary["fingerprint"] == plans[0]
+    assert summary["export"] == str(tmp_path / "model")
