@@ -39,13 +39,11 @@ __all__ = [
     "LocalDirectoryCommit",
     "RemoteDirectoryCommit",
     "directory_commit",
-    "fsync_dir",
     "is_local",
     "remove_debris",
     "remove_uncommitted",
     "resolve",
     "write_atomic",
-    "write_file_atomic",
 ]
 
 
@@ -66,7 +64,7 @@ def resolve(uri: str | os.PathLike[str]) -> tuple[Any, str]:
 def write_atomic(fs: Any, path: str, data: bytes) -> None:
     """Replace the file at `path` with `data` atomically (see the module docstring for the local/remote policy)."""
     if is_local(fs):
-        write_file_atomic(path, data)
+        _write_local_file(path, data)
         return
     parent = path.rsplit("/", 1)[0] if "/" in path else ""
     if parent:
@@ -77,7 +75,7 @@ def write_atomic(fs: Any, path: str, data: bytes) -> None:
     fs.pipe_file(path, data)  # one object write of the complete bytes: atomic on object stores
 
 
-def write_file_atomic(path: str, data: bytes) -> None:
+def _write_local_file(path: str, data: bytes) -> None:
     """Local half of ``write_atomic``: a hidden ``.<name>.*.tmp`` sibling (0o600), fsync, rename, fsync the directory.
 
     A kill at any moment leaves the old file or the new one, plus at most a temporary file ``remove_debris`` finds.
@@ -97,10 +95,10 @@ def write_file_atomic(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    _fsync_dir(directory)
 
 
-def fsync_dir(path: str) -> None:
+def _fsync_dir(path: str) -> None:
     """Make a rename inside `path` durable (best effort where the filesystem cannot fsync a directory)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -177,13 +175,13 @@ class LocalDirectoryCommit(DirectoryCommit):
 
     def commit(self, marker_bytes: bytes) -> None:
         self.write(self.marker, marker_bytes)
-        fsync_dir(str(self.staging))
+        _fsync_dir(str(self.staging))
         if self.before_commit is not None:
             self.before_commit()
         if os.path.isdir(self.path):
             os.rmdir(self.path)  # an empty directory someone created for us
         os.rename(self.staging, self.path)
-        fsync_dir(self.parent)
+        _fsync_dir(self.parent)
 
     def discard(self) -> None:
         if self.staging.exists():

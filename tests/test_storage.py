@@ -206,3 +206,16 @@ def test_checkpoint_names_sort_by_position_and_parse_back() -> None:
     for other in ("step-12-batch-47", ".damaged-step-000012-batch-000047-1", "step-000012-batch-000047.tmp"):
         assert layout.parse_checkpoint_name(other) is None
     assert not layout.is_debris(layout.damaged_name("step-000012-batch-000047", 1700000000))
+
+
+def test_a_checkpoint_is_invisible_until_its_index_commits(tmp_path: Path) -> None:
+    from prefect_gliner2.session_core.checkpoint import checkpoint_exists, read_checkpoint, write_checkpoint
+
+    uri = str(tmp_path / layout.CHECKPOINTS_DIR / layout.checkpoint_name(1, 1))
+    visible_before_commit = []
+    write_checkpoint(
+        uri, {"a.bin": b"a"}, {"k": 1}, before_commit=lambda: visible_before_commit.append(checkpoint_exists(uri))
+    )
+    assert visible_before_commit == [False] and checkpoint_exists(uri)
+    assert read_checkpoint(uri).files == {"a.bin": b"a"} and read_checkpoint(uri).meta == {"k": 1}
+    assert sorted(os.listdir(uri)) == ["a.bin", layout.CHECKPOINT_INDEX_FILE]
