@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import engine as engine_mod
-from .checkpoint import CheckpointFiles, read_checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, Payload, open_checkpoint, write_checkpoint
 from .config import TrainingConfig
 from .errors import CheckpointError, ConfigError, SessionCoreError, SessionStateError, StateMismatchError
 from .identity import describe_model, model_differences
@@ -33,14 +33,16 @@ from .pairs import to_pairs
 from .state import (
     base_weights,
     bytes_to_object,
-    bytes_to_tensors,
     capture_grads,
     capture_rng,
+    flatten_state,
     object_to_bytes,
+    read_tensors,
     restore_grads,
     restore_rng,
     tensors_digest,
-    tensors_to_bytes,
+    unflatten_state,
+    write_tensors,
 )
 
 logger = logging.getLogger(__name__)
@@ -188,7 +190,7 @@ class TrainingSession:
                 raise SessionStateError(
                     "load_state needs a fresh session (no forward_backward, optim_step or load yet)"
                 )
-            checkpoint = read_checkpoint(uri)
+            checkpoint = open_checkpoint(uri)
             self.restore_payload(checkpoint)
             return checkpoint.meta
 
@@ -235,13 +237,15 @@ class TrainingSession:
 
     # ---- checkpoint payload (also used by the managed driver) ----------------------------------------------
 
-    def state_payload(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """All continuation state as checkpoint files plus the index meta."""
+    def state_payload(self) -> tuple[dict[str, Payload], dict[str, Any]]:
+        """All continuation state as checkpoint files (tensor files as streaming writers over the live tensors: call
+        `write_checkpoint` before the next operation) plus the index meta."""
         engine = self._engine
         named = list(engine.model.named_parameters())
         weights = {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
         rng_meta, rng_tensors = capture_rng(self._device)
         grads = capture_grads(named)
+        optimizer_skeleton, optimizer_tensors = flatten_state(engine.optimizer.state_dict(), "optimizer")
         state = {
             "counters": engine.counters(),
             "pending_micro_batches": self._pending,
@@ -253,11 +257,12 @@ class TrainingSession:
             "session_python_rng": _python_state(engine.python_rng),
             "pending_gradients": sorted(grads),
         }
-        files = {
-            "weights.safetensors": tensors_to_bytes(weights),
-            "gradients.safetensors": tensors_to_bytes(grads),
-            "rng.safetensors": tensors_to_bytes(rng_tensors),
-            "optimizer.pt": object_to_bytes(engine.optimizer.state_dict()),
+        files: dict[str, Payload] = {
+            "weights.safetensors": _tensor_writer(weights),
+            "gradients.safetensors": _tensor_writer(grads),
+            "rng.safetensors": _tensor_writer(rng_tensors),
+            "optimizer.safetensors": _tensor_writer(optimizer_tensors),
+            "optimizer.pt": object_to_bytes(optimizer_skeleton),
             "scheduler.pt": object_to_bytes(engine.scheduler.state_dict()),
             "scaler.pt": object_to_bytes(engine.scaler.state_dict()),
             "session.json": json.dumps(state, sort_keys=True).encode(),
@@ -276,19 +281,22 @@ class TrainingSession:
         }
         return files, meta
 
-    def restore_payload(self, checkpoint: CheckpointFiles) -> None:
-        """Check compatibility, then restore weights, optimizer, schedule, gradients, counters and RNGs (last)."""
+    def restore_payload(self, checkpoint: Checkpoint) -> None:
+        """Check compatibility, then restore weights, optimizer, schedule, gradients, counters and RNGs (last).
+
+        Every file is streamed once and verified in the same pass. All but the weights are read (and verified)
+        before the session changes, so a damaged one leaves this session fresh; the weights are streamed straight
+        into the live parameters last, so a damaged weights file leaves the session unusable (create a fresh one)."""
         self._check_compatible(checkpoint)
         engine = self._engine
         state = json.loads(checkpoint.require("session.json"))
-        weights = bytes_to_tensors(checkpoint.require("weights.safetensors"), "weights.safetensors")
-        grads = bytes_to_tensors(checkpoint.require("gradients.safetensors"), "gradients.safetensors")
-        rng = bytes_to_tensors(checkpoint.require("rng.safetensors"), "rng.safetensors")
-        optimizer_state = bytes_to_object(checkpoint.require("optimizer.pt"), "optimizer.pt")
         scheduler_state = bytes_to_object(checkpoint.require("scheduler.pt"), "scheduler.pt")
         scaler_state = bytes_to_object(checkpoint.require("scaler.pt"), "scaler.pt")
-        extra = checkpoint.files.get("trainer_extra.pt")
-        extra_state = bytes_to_object(extra, "trainer_extra.pt") if extra is not None else None
+        extra_state = (
+            bytes_to_object(checkpoint.require("trainer_extra.pt"), "trainer_extra.pt")
+            if checkpoint.has("trainer_extra.pt")
+            else None
+        )
         hook = getattr(engine, "load_session_state_dict", None)
         if (extra_state is None) != (not callable(hook)):
             raise StateMismatchError(
@@ -296,9 +304,16 @@ class TrainingSession:
                 f"(checkpoint has buffers: {extra_state is not None}; trainer loads them: {callable(hook)}); "
                 "use the same trainer_factory that wrote the checkpoint"
             )
+        with checkpoint.open("rng.safetensors") as reader:
+            rng = read_tensors(reader)
+        with checkpoint.open("gradients.safetensors") as reader:
+            grads = read_tensors(reader)
+        skeleton = bytes_to_object(checkpoint.require("optimizer.pt"), "optimizer.pt")
+        with checkpoint.open("optimizer.safetensors") as reader:
+            optimizer_state = unflatten_state(skeleton, read_tensors(reader), "optimizer.pt")
         self._fresh = False
         try:
-            self._copy_weights(weights)
+            self._stream_weights(checkpoint)
             engine.optimizer.load_state_dict(optimizer_state)
             engine.scheduler.load_state_dict(scheduler_state)
             engine.scaler.load_state_dict(scaler_state)
@@ -323,26 +338,38 @@ class TrainingSession:
                 f"checkpoint {checkpoint.uri} could not be restored: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _copy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def _stream_weights(self, checkpoint: Checkpoint) -> None:
+        """Weights straight from the file into the live tensors (CPU), or one tensor at a time via the host."""
         engine = self._engine
         if self.is_lora:
-            target = {n: p for n, p in engine.model.named_parameters() if p.requires_grad}
+            target = {n: p.detach() for n, p in engine.model.named_parameters() if p.requires_grad}
         else:
             target = dict(engine.model.state_dict())
-        missing, unexpected = sorted(set(target) - set(weights)), sorted(set(weights) - set(target))
-        if missing or unexpected:
-            raise StateMismatchError(
-                f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
-        with torch.no_grad():
-            for name, tensor in target.items():
-                source = weights[name]
-                if source.shape != tensor.shape or source.dtype != tensor.dtype:
+
+        def check(header: dict[str, Any]) -> None:
+            missing, unexpected = sorted(set(target) - set(header)), sorted(set(header) - set(target))
+            if missing or unexpected:
+                raise StateMismatchError(
+                    f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
+            for name, (dtype, shape) in header.items():
+                tensor = target[name]
+                if tuple(shape) != tuple(tensor.shape) or dtype != tensor.dtype:
                     raise StateMismatchError(
-                        f"{name}: checkpoint {tuple(source.shape)}/{source.dtype}, "
-                        f"model {tuple(tensor.shape)}/{tensor.dtype}"
+                        f"{name}: checkpoint {tuple(shape)}/{dtype}, model {tuple(tensor.shape)}/{tensor.dtype}"
                     )
-                tensor.copy_(source)
+
+        def destination(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
+            tensor = target[name]
+            return tensor if tensor.device.type == "cpu" and tensor.is_contiguous() else None
+
+        def sink(name: str, tensor: torch.Tensor) -> None:
+            if tensor is not target[name]:
+                with torch.no_grad():
+                    target[name].copy_(tensor)
+
+        with checkpoint.open("weights.safetensors") as reader:
+            read_tensors(reader, check=check, destination=destination, sink=sink)
 
     # ---- compatibility -------------------------------------------------------------------------------------
 
@@ -358,7 +385,7 @@ class TrainingSession:
             "trainer": f"{type(self._engine).__module__}.{type(self._engine).__qualname__}",
         }
 
-    def _check_compatible(self, checkpoint: CheckpointFiles) -> None:
+    def _check_compatible(self, checkpoint: Checkpoint) -> None:
         if checkpoint.meta.get("kind") not in (SESSION_KIND, "managed"):
             raise CheckpointError(f"{checkpoint.uri} is not a training-session checkpoint")
         saved, here = checkpoint.meta.get("compat", {}), self._compat()
@@ -397,6 +424,10 @@ class TrainingSession:
     def _fail(self, reason: str) -> None:
         self._failed = reason
         logger.error("training session failed: %s", reason)
+
+
+def _tensor_writer(tensors: dict[str, torch.Tensor]) -> Payload:
+    return lambda handle: write_tensors(handle, tensors)
 
 
 def _python_state(rng: Any) -> list[Any]:

@@ -26,10 +26,10 @@ import fsspec
 import safetensors.torch
 import torch
 
-from .checkpoint import INDEX_FILE, read_checkpoint
+from .checkpoint import INDEX_FILE, open_checkpoint
 from .engine import unwrap, validate_adapter_config
 from .errors import AdapterMismatchError, WeightsError
-from .state import base_weights, bytes_to_tensors, canonical_name, tensors_digest
+from .state import base_weights, canonical_name, read_tensors, tensors_digest
 
 if TYPE_CHECKING:
     from .session import TrainingSession
@@ -130,10 +130,11 @@ def _load_adapter(session: TrainingSession, fs: Any, path: str, uri: str) -> dic
 
 
 def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
-    checkpoint = read_checkpoint(uri)
+    checkpoint = open_checkpoint(uri, min_version=1)  # weights.safetensors has the same layout in every version
     meta = checkpoint.meta
     saved_lora = bool(meta.get("config", {}).get("use_lora"))
-    tensors = bytes_to_tensors(checkpoint.require("weights.safetensors"), "weights.safetensors")
+    with checkpoint.open("weights.safetensors") as reader:  # verified before anything is copied
+        tensors = read_tensors(reader)
     architecture = meta.get("compat", {}).get("model", {}).get("architecture")
     if architecture != session.architecture:
         raise WeightsError(
