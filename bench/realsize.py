@@ -188,6 +188,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     parameters = sum(p.numel() for p in session.model.parameters())
     row: dict[str, Any] = {"arch": arch, "parameters": parameters, "build_s": time.perf_counter() - built}
     row.update(step_ratio(session, plan, args.steps, args.device))
+    progress(row)
 
     session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
     ckpt = Path(tmp) / f"ckpt-{arch}"
@@ -202,6 +203,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     fresh = new_session(model_dir, cfg, plan, args.device)
     load_s, before, peak, after = timed(lambda: fresh.load_state(str(ckpt)))
     row.update(load_s=load_s, load_extra_rss=(peak - max(before, after)) / size)
+    progress(row)
     fresh.close()
     gc.collect()
 
@@ -209,6 +211,11 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     shutil.rmtree(ckpt)
     shutil.rmtree(model_dir)
     return row
+
+
+def progress(row: dict[str, Any]) -> None:
+    """Figures as soon as they are known (stderr), so that a run cut short still reports what it measured."""
+    print(json.dumps(row), file=sys.stderr, flush=True)
 
 
 def resume(
