@@ -208,6 +208,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     gc.collect()
 
     row.update(resume(model_dir, cfg, plan, args, ckpt))
+    progress(row)
     shutil.rmtree(ckpt)
     shutil.rmtree(model_dir)
     return row
