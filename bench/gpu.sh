@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA qualification and benchmarks in one go (under 10 minutes on one modern GPU):
 #   bash bench/gpu.sh [OUT_DIR]
-# Runs the CUDA test suite, then the session and flow comparisons on CUDA in fp32 and bf16 (bench/run_all.py), writing
+# Runs the CUDA test suite, then the session, flow and real-size (gliner2-base shape) comparisons on CUDA in fp32 and
+# bf16 (bench/run_all.py), writing
 # logs and one markdown table per precision to OUT_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,13 +1,14 @@
-"""Benchmark report: run the plan, session, flow and chaos benchmarks side by side and write one markdown table.
+"""Benchmark report: run the plan, session, flow, chaos and real-size benchmarks side by side in one markdown table.
 
-    python bench/run_all.py                    # ~8 minutes on a 2-core machine; writes bench/REPORT.md
+    python bench/run_all.py                    # ~18 minutes on a 2-core machine (realsize ~10); bench/REPORT.md
+    python bench/run_all.py --skip realsize    # the small-model benchmarks only (~8 minutes)
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
     python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
 
 Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py --quick --repeat 2,
-bench/chaos.py); its figures are parsed from its --json output where it has one, else from its printed table. The
-report holds the command, the machine (CPU model, cores, torch version), one table of ratios and every script's
-raw output.
+bench/chaos.py, bench/realsize.py: the gliner2-base shape, ~5 GB of RAM); its figures are parsed from its --json
+output where it has one, else from its printed table. The report holds the command, the machine (CPU model, cores,
+torch version), one table of ratios and every script's raw output.
 """
 
 from __future__ import annotations
@@ -181,6 +182,37 @@ def chaos_rows(report: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
+    out: list[Row] = []
+    for r in rows:
+        name = f"gliner2-base shape {r['arch']}, {r['parameters'] / 1e6:.0f}M parameters"
+        out += [
+            (
+                f"session step vs native step, interleaved ({name})",
+                f"{r['step_ratio']:.3f}",
+                f"{r['session_step_s']:.2f} s vs {r['native_step_s']:.2f} s (medians)",
+            ),
+            (
+                f"checkpoint save vs raw write+fsync of the same bytes ({name})",
+                f"{r['save_s'] / r['raw_write_s']:.2f}",
+                f"{r['save_s']:.2f} s vs {r['raw_write_s']:.2f} s, {r['checkpoint_bytes'] / 1e9:.2f} GB; "
+                f"extra peak RAM {r['save_extra_rss']:.2f}x the checkpoint",
+            ),
+            (
+                f"checkpoint load vs raw read of the same bytes ({name})",
+                f"{r['load_s'] / r['raw_read_s']:.2f}",
+                f"{r['load_s']:.2f} s vs {r['raw_read_s']:.2f} s; extra peak RAM {r['load_extra_rss']:.2f}x",
+            ),
+            (
+                f"resume (verify + load + first batch) vs fresh start (first batch) ({name})",
+                f"{r['resume_ratio']:.2f}",
+                f"{r['resume_s']:.2f} s vs {r['fresh_start_s']:.2f} s; of which the flow-side verification "
+                f"{r['verify_s']:.2f} s",
+            ),
+        ]
+    return out
+
+
 def markdown(command: str, description: str, rows: list[Row], raw: dict[str, str], seconds: float) -> str:
     lines = [
         "# Benchmark report",
@@ -208,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         default="--seed 0",
         help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)",
     )
-    parser.add_argument("--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,chaos")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,chaos,realsize"
+    )
     parser.add_argument("--flow-repeat", type=int, default=2, help="runs of each flow variant (minimum kept)")
     parser.add_argument("--device", default="cpu", help="where session.py and flow.py train: cpu or cuda")
     parser.add_argument("--bf16", action="store_true", help="session.py and flow.py in bf16 (CUDA with native bf16)")
@@ -238,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             raw[f"bench/chaos.py {args.chaos}"] = out
             if Path(f"{tmp}/chaos.json").exists():
                 rows += chaos_rows(json.loads(Path(f"{tmp}/chaos.json").read_text()))
+        if "realsize" not in skip:
+            out, _, code = run("realsize.py", *on, "--json", f"{tmp}/realsize.json", timeout=1200)
+            raw[f"bench/realsize.py {' '.join(on)}"] = out
+            if code == 0:
+                rows += realsize_rows(json.loads(Path(f"{tmp}/realsize.json").read_text()))
     command = " ".join([Path(sys.executable).name, "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])])
     report = markdown(command, machine(args.device), rows, raw, time.perf_counter() - started)
     print(report)

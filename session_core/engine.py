@@ -12,7 +12,8 @@ What this adapter adds, because the native engine lacks it:
 - non-reentrant activation checkpointing;
 - preloaded PEFT adapters validated against the configuration and continued without re-initialisation;
 - guards: a sample the span model could not process, a missing loss, a loss that does not require grad while
-  parameters are trainable, a non-finite loss, and non-finite gradients all raise instead of being zeroed;
+  parameters are trainable, a non-finite loss, and non-finite gradients all raise instead of being zeroed (the
+  gradient guard reads the norm native clipping computes anyway: no second pass over the gradients);
 - the boundary head's schedule scalars re-applied from the counters (they are not in `state_dict`).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -216,6 +218,7 @@ class SessionEngine(ExtractorTrainer):
         self._planned_max_steps = max_steps
         warmup = self.config.warmup_steps or int(max_steps * self.config.warmup_ratio)
         self.optimizer = self._create_optimizer()
+        self.optimizer.register_step_pre_hook(self._refuse_non_finite_gradients)
         self.scheduler = get_scheduler(
             self.optimizer, self.config.scheduler_type, max_steps, warmup, self.config.num_cycles
         )
@@ -237,26 +240,29 @@ class SessionEngine(ExtractorTrainer):
         finally:
             self._guard_active = False
 
-    def check_gradients(self) -> None:
-        """Refuse to step on non-finite gradients (AdamW would write them into the weights silently)."""
-        grads = [p.grad for p in self._trainable if p.grad is not None]
-        if not grads:
-            raise TrainingNumericsError("optim_step found no gradients; run forward_backward first")
-        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
-        if not bool(finite):
-            bad = [
-                n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()
-            ]
+    def _refuse_non_finite_gradients(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Optimizer pre-step hook: refuse the update when the gradient norm native clipping just computed is not
+        finite (exactly when some gradient is NaN or infinite), so AdamW never writes them into the weights.
+
+        Reusing that norm costs one scalar read instead of a second pass over every gradient. A trainer_factory
+        whose `_optimizer_step` does not clip leaves no norm behind: then one fused norm is taken here."""
+        norm = self._last_grad_norm
+        if norm is None:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self._trainable if p.grad is not None])
+        value = float(norm)
+        if not math.isfinite(value):
             raise TrainingNumericsError(
-                f"non-finite gradients in {len(bad)} parameter(s) (first: {bad[:3]}); the update was not applied. "
-                "Check the data and learning rate (DoRA on a fresh boundary head is a known cause), then resume "
-                "from the last checkpoint"
+                f"non-finite gradients (total gradient norm {value}); the update was not applied. Check the data and "
+                "learning rate (DoRA on a fresh boundary head is a known cause), then resume from the last checkpoint"
             )
 
     def step(self, micro_batches: int) -> dict[str, float]:
-        """One native optimizer update over `micro_batches` accumulated micro-batches."""
-        self.check_gradients()
+        """One native optimizer update over `micro_batches` accumulated micro-batches (non-finite gradients are
+        refused by the optimizer pre-step hook, see `_refuse_non_finite_gradients`)."""
+        if not any(p.grad is not None for p in self._trainable):
+            raise TrainingNumericsError("optim_step found no gradients; run forward_backward first")
         self._renormalize_partial_accumulation(micro_batches)
+        self._last_grad_norm = None  # set by native clipping inside _optimizer_step, read by the pre-step hook
         self._optimizer_step()
         self.global_step += 1
         self._flush_delayed_counters()

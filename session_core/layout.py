@@ -11,8 +11,9 @@ No I/O and no imports beyond the standard library: this module only names things
             step-000012-batch-000047/        checkpoint_name(step, index)
                 checkpoint.json              CHECKPOINT_INDEX_FILE   the hash index, written last (the commit)
                 session.json weights.safetensors gradients.safetensors rng.safetensors    the session's state
-                optimizer.pt scheduler.pt scaler.pt [trainer_extra.pt]
-                managed.json [best.safetensors]                          the managed driver's state
+                optimizer.safetensors optimizer.pt scheduler.pt scaler.pt [trainer_extra.pt]
+                managed.json                                             the managed driver's state
+            blobs/sha256-<hex>.safetensors   BLOB_DIR: content-addressed files checkpoints refer to (best weights)
             .damaged-step-000012-batch-000047-<time>/   damaged_name(...): quarantined, kept for inspection
         export/                              EXPORT_DIR         the exported model (unless elsewhere)
             export.json                      EXPORT_MARKER_FILE written last (the commit)
@@ -40,6 +41,7 @@ __all__ = [
     "ADAPTER_DIR",
     "ADAPTER_WEIGHTS_FILE",
     "BEST_WEIGHTS_FILE",
+    "BLOB_DIR",
     "CHECKPOINTS_DIR",
     "CHECKPOINT_INDEX_FILE",
     "CURSOR_FILE",
@@ -55,6 +57,7 @@ __all__ = [
     "MODEL_WEIGHTS_FILE",
     "MODEL_WEIGHTS_INDEX_FILE",
     "OPTIMIZER_FILE",
+    "OPTIMIZER_TENSORS_FILE",
     "REGISTRY_LINEAGE_FILE",
     "REGISTRY_POINTER_FILE",
     "REGISTRY_VERSIONS_DIR",
@@ -89,12 +92,14 @@ SESSION_STATE_FILE = "session.json"
 WEIGHTS_FILE = "weights.safetensors"
 GRADIENTS_FILE = "gradients.safetensors"
 RNG_FILE = "rng.safetensors"
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"  # the optimizer's tensors, streamed
+OPTIMIZER_FILE = "optimizer.pt"  # the optimizer state's structure (no tensors)
 SCHEDULER_FILE = "scheduler.pt"
 SCALER_FILE = "scaler.pt"
 TRAINER_EXTRA_FILE = "trainer_extra.pt"  # only when the trainer has session_state_dict hooks
 MANAGED_STATE_FILE = "managed.json"
-BEST_WEIGHTS_FILE = "best.safetensors"  # only when validation selected a best model
+BEST_WEIGHTS_FILE = "best.safetensors"  # a ref into BLOB_DIR, only when validation selected a best model
+BLOB_DIR = "blobs"  # beside the checkpoints: content-addressed files referred to by checkpoint indexes
 
 # ---- export directory (a native gliner2 model directory plus our marker) -------------------------------------
 EXPORT_MARKER_FILE = "export.json"

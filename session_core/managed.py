@@ -9,7 +9,9 @@ strictly better than the best so far; early stopping counts validations that do 
 more than `early_stopping_threshold` and stops once `early_stopping_patience` such validations follow each other.
 
 A managed checkpoint is a session checkpoint plus `managed.json` (plan fingerprint, cursor, validation state,
-histories, early-stopping counters) and `best.safetensors` (the detached CPU copy of the best weights). Training
+histories, early-stopping counters) and a reference to `best.safetensors` (the detached CPU copy of the best
+weights), stored once in the content-addressed blob store beside the checkpoints and named by every checkpoint
+taken while it is the best: a new best is written once, not copied into each checkpoint. Training
 history entries hold no wall-clock fields, so an interrupted and resumed run has the same history bit for bit;
 timings live in the result summary only.
 """
@@ -25,13 +27,13 @@ from typing import Any
 
 import torch
 
-from .checkpoint import read_checkpoint, write_checkpoint
+from .checkpoint import FileRef, open_checkpoint, store_blob, write_checkpoint
 from .errors import ConfigError, PlanMismatchError, SessionStateError
 from .layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
 from .pairs import to_pairs
 from .plan import ManagedTrainingPlan
 from .session import TrainingSession
-from .state import bytes_to_tensors, tensors_to_bytes
+from .state import read_tensors, write_tensors
 from .weights import export_weights
 
 MANAGED_KIND = "managed"
@@ -70,6 +72,7 @@ class ManagedTraining:
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self.best_state: dict[str, torch.Tensor] | None = None
+        self._best_ref: FileRef | None = None  # where best_state is stored (None: not stored yet)
         self.patience_counter = 0
         self.train_metrics_history: list[dict[str, Any]] = []
         self.eval_metrics_history: list[dict[str, Any]] = []
@@ -172,6 +175,7 @@ class ManagedTraining:
             self.best_metric, self.best_step = value, self.session.step
             if self.config.save_best:
                 self.best_state = self._detached_weights()
+                self._best_ref = None
         if not self.config.early_stopping:
             return
         threshold = float(self.config.early_stopping_threshold)
@@ -214,8 +218,7 @@ class ManagedTraining:
         """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights."""
         files, meta = self.session.state_payload()
         files[MANAGED_STATE_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
-        if self.best_state is not None:
-            files[BEST_WEIGHTS_FILE] = tensors_to_bytes(self.best_state)
+        refs = {BEST_WEIGHTS_FILE: self._stored_best(uri)} if self.best_state is not None else {}
         meta.update(
             kind=MANAGED_KIND,
             plan_fingerprint=self.plan.fingerprint,
@@ -223,11 +226,24 @@ class ManagedTraining:
             validation_due=self.validation_due,
             finished=self.finished,
         )
-        return write_checkpoint(uri, files, meta)
+        return write_checkpoint(uri, files, meta, refs=refs)
+
+    def _stored_best(self, uri: str) -> FileRef:
+        """The blob holding best_state, written once per new best (again only if its blob vanished)."""
+        import fsspec
+
+        best = self.best_state
+        assert best is not None
+        fs, path = fsspec.core.url_to_fs(uri)
+        ref = self._best_ref
+        if ref is None or not fs.exists(f"{path.rstrip('/').rsplit('/', 1)[0]}/{ref.path[3:]}"):
+            ref = store_blob(uri, lambda handle: write_tensors(handle, best), "safetensors")
+            self._best_ref = ref
+        return ref
 
     def load_state(self, uri: str) -> dict[str, Any]:
         """Continue a managed run from its checkpoint; needs a fresh session and the same plan."""
-        checkpoint = read_checkpoint(uri)
+        checkpoint = open_checkpoint(uri)
         if checkpoint.meta.get("kind") != MANAGED_KIND:
             raise PlanMismatchError(f"{uri} is a plain session checkpoint; use TrainingSession.load_state for it")
         state = json.loads(checkpoint.require(MANAGED_STATE_FILE))
@@ -242,10 +258,14 @@ class ManagedTraining:
             raise PlanMismatchError("the validation examples differ from the checkpoint's run; pass the original ones")
         if not self.session.is_fresh:
             raise SessionStateError("ManagedTraining.load_state needs a fresh session")
+        best: dict[str, torch.Tensor] | None = None
+        if checkpoint.has(BEST_WEIGHTS_FILE):  # read (and verified) before the session changes
+            with checkpoint.open(BEST_WEIGHTS_FILE) as reader:
+                best = read_tensors(reader)
         self.session.restore_payload(checkpoint)
         self._load_managed_state(state)
-        best = checkpoint.files.get(BEST_WEIGHTS_FILE)
-        self.best_state = bytes_to_tensors(best, BEST_WEIGHTS_FILE) if best is not None else None
+        self.best_state = best
+        self._best_ref = checkpoint.refs.get(BEST_WEIGHTS_FILE)
         return checkpoint.meta
 
     def _managed_state(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import torch
 
 from . import engine as engine_mod
 from . import layout
-from .checkpoint import CheckpointFiles, read_checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, Payload, open_checkpoint, write_checkpoint
 from .config import TrainingConfig
 from .errors import CheckpointError, ConfigError, SessionCoreError, SessionStateError, StateMismatchError
 from .identity import describe_model, model_differences
@@ -34,14 +34,16 @@ from .pairs import to_pairs
 from .state import (
     base_weights,
     bytes_to_object,
-    bytes_to_tensors,
     capture_grads,
     capture_rng,
+    flatten_state,
     object_to_bytes,
+    read_tensors,
     restore_grads,
     restore_rng,
     tensors_digest,
-    tensors_to_bytes,
+    unflatten_state,
+    write_tensors,
 )
 
 logger = logging.getLogger(__name__)
@@ -189,7 +191,7 @@ class TrainingSession:
                 raise SessionStateError(
                     "load_state needs a fresh session (no forward_backward, optim_step or load yet)"
                 )
-            checkpoint = read_checkpoint(uri)
+            checkpoint = open_checkpoint(uri)
             self.restore_payload(checkpoint)
             return checkpoint.meta
 
@@ -236,13 +238,15 @@ class TrainingSession:
 
     # ---- checkpoint payload (also used by the managed driver) ----------------------------------------------
 
-    def state_payload(self) -> tuple[dict[str, bytes], dict[str, Any]]:
-        """All continuation state as checkpoint files plus the index meta."""
+    def state_payload(self) -> tuple[dict[str, Payload], dict[str, Any]]:
+        """All continuation state as checkpoint files (tensor files as streaming writers over the live tensors: call
+        `write_checkpoint` before the next operation) plus the index meta."""
         engine = self._engine
         named = list(engine.model.named_parameters())
         weights = {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
         rng_meta, rng_tensors = capture_rng(self._device)
         grads = capture_grads(named)
+        optimizer_skeleton, optimizer_tensors = flatten_state(engine.optimizer.state_dict(), "optimizer")
         state = {
             "counters": engine.counters(),
             "pending_micro_batches": self._pending,
@@ -254,11 +258,12 @@ class TrainingSession:
             "session_python_rng": _python_state(engine.python_rng),
             "pending_gradients": sorted(grads),
         }
-        files = {
-            layout.WEIGHTS_FILE: tensors_to_bytes(weights),
-            layout.GRADIENTS_FILE: tensors_to_bytes(grads),
-            layout.RNG_FILE: tensors_to_bytes(rng_tensors),
-            layout.OPTIMIZER_FILE: object_to_bytes(engine.optimizer.state_dict()),
+        files: dict[str, Payload] = {
+            layout.WEIGHTS_FILE: _tensor_writer(weights),
+            layout.GRADIENTS_FILE: _tensor_writer(grads),
+            layout.RNG_FILE: _tensor_writer(rng_tensors),
+            layout.OPTIMIZER_TENSORS_FILE: _tensor_writer(optimizer_tensors),
+            layout.OPTIMIZER_FILE: object_to_bytes(optimizer_skeleton),
             layout.SCHEDULER_FILE: object_to_bytes(engine.scheduler.state_dict()),
             layout.SCALER_FILE: object_to_bytes(engine.scaler.state_dict()),
             layout.SESSION_STATE_FILE: json.dumps(state, sort_keys=True).encode(),
@@ -277,19 +282,22 @@ class TrainingSession:
         }
         return files, meta
 
-    def restore_payload(self, checkpoint: CheckpointFiles) -> None:
-        """Check compatibility, then restore weights, optimizer, schedule, gradients, counters and RNGs (last)."""
+    def restore_payload(self, checkpoint: Checkpoint) -> None:
+        """Check compatibility, then restore weights, optimizer, schedule, gradients, counters and RNGs (last).
+
+        Every file is streamed once and verified in the same pass. All but the weights are read (and verified)
+        before the session changes, so a damaged one leaves this session fresh; the weights are streamed straight
+        into the live parameters last, so a damaged weights file leaves the session unusable (create a fresh one)."""
         self._check_compatible(checkpoint)
         engine = self._engine
         state = json.loads(checkpoint.require(layout.SESSION_STATE_FILE))
-        weights = bytes_to_tensors(checkpoint.require(layout.WEIGHTS_FILE), layout.WEIGHTS_FILE)
-        grads = bytes_to_tensors(checkpoint.require(layout.GRADIENTS_FILE), layout.GRADIENTS_FILE)
-        rng = bytes_to_tensors(checkpoint.require(layout.RNG_FILE), layout.RNG_FILE)
-        optimizer_state = bytes_to_object(checkpoint.require(layout.OPTIMIZER_FILE), layout.OPTIMIZER_FILE)
         scheduler_state = bytes_to_object(checkpoint.require(layout.SCHEDULER_FILE), layout.SCHEDULER_FILE)
         scaler_state = bytes_to_object(checkpoint.require(layout.SCALER_FILE), layout.SCALER_FILE)
-        extra = checkpoint.files.get(layout.TRAINER_EXTRA_FILE)
-        extra_state = bytes_to_object(extra, layout.TRAINER_EXTRA_FILE) if extra is not None else None
+        extra_state = (
+            bytes_to_object(checkpoint.require(layout.TRAINER_EXTRA_FILE), layout.TRAINER_EXTRA_FILE)
+            if checkpoint.has(layout.TRAINER_EXTRA_FILE)
+            else None
+        )
         hook = getattr(engine, "load_session_state_dict", None)
         if (extra_state is None) != (not callable(hook)):
             raise StateMismatchError(
@@ -297,9 +305,16 @@ class TrainingSession:
                 f"(checkpoint has buffers: {extra_state is not None}; trainer loads them: {callable(hook)}); "
                 "use the same trainer_factory that wrote the checkpoint"
             )
+        with checkpoint.open(layout.RNG_FILE) as reader:
+            rng = read_tensors(reader)
+        with checkpoint.open(layout.GRADIENTS_FILE) as reader:
+            grads = read_tensors(reader)
+        skeleton = bytes_to_object(checkpoint.require(layout.OPTIMIZER_FILE), layout.OPTIMIZER_FILE)
+        with checkpoint.open(layout.OPTIMIZER_TENSORS_FILE) as reader:
+            optimizer_state = unflatten_state(skeleton, read_tensors(reader), layout.OPTIMIZER_FILE)
         self._fresh = False
         try:
-            self._copy_weights(weights)
+            self._stream_weights(checkpoint)
             engine.optimizer.load_state_dict(optimizer_state)
             engine.scheduler.load_state_dict(scheduler_state)
             engine.scaler.load_state_dict(scaler_state)
@@ -324,26 +339,38 @@ class TrainingSession:
                 f"checkpoint {checkpoint.uri} could not be restored: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _copy_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def _stream_weights(self, checkpoint: Checkpoint) -> None:
+        """Weights straight from the file into the live tensors (CPU), or one tensor at a time via the host."""
         engine = self._engine
         if self.is_lora:
-            target = {n: p for n, p in engine.model.named_parameters() if p.requires_grad}
+            target = {n: p.detach() for n, p in engine.model.named_parameters() if p.requires_grad}
         else:
             target = dict(engine.model.state_dict())
-        missing, unexpected = sorted(set(target) - set(weights)), sorted(set(weights) - set(target))
-        if missing or unexpected:
-            raise StateMismatchError(
-                f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
-        with torch.no_grad():
-            for name, tensor in target.items():
-                source = weights[name]
-                if source.shape != tensor.shape or source.dtype != tensor.dtype:
+
+        def check(header: dict[str, Any]) -> None:
+            missing, unexpected = sorted(set(target) - set(header)), sorted(set(header) - set(target))
+            if missing or unexpected:
+                raise StateMismatchError(
+                    f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
+            for name, (dtype, shape) in header.items():
+                tensor = target[name]
+                if tuple(shape) != tuple(tensor.shape) or dtype != tensor.dtype:
                     raise StateMismatchError(
-                        f"{name}: checkpoint {tuple(source.shape)}/{source.dtype}, "
-                        f"model {tuple(tensor.shape)}/{tensor.dtype}"
+                        f"{name}: checkpoint {tuple(shape)}/{dtype}, model {tuple(tensor.shape)}/{tensor.dtype}"
                     )
-                tensor.copy_(source)
+
+        def destination(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
+            tensor = target[name]
+            return tensor if tensor.device.type == "cpu" and tensor.is_contiguous() else None
+
+        def sink(name: str, tensor: torch.Tensor) -> None:
+            if tensor is not target[name]:
+                with torch.no_grad():
+                    target[name].copy_(tensor)
+
+        with checkpoint.open(layout.WEIGHTS_FILE) as reader:
+            read_tensors(reader, check=check, destination=destination, sink=sink)
 
     # ---- compatibility -------------------------------------------------------------------------------------
 
@@ -359,7 +386,7 @@ class TrainingSession:
             "trainer": f"{type(self._engine).__module__}.{type(self._engine).__qualname__}",
         }
 
-    def _check_compatible(self, checkpoint: CheckpointFiles) -> None:
+    def _check_compatible(self, checkpoint: Checkpoint) -> None:
         if checkpoint.meta.get("kind") not in (SESSION_KIND, "managed"):
             raise CheckpointError(f"{checkpoint.uri} is not a training-session checkpoint")
         saved, here = checkpoint.meta.get("compat", {}), self._compat()
@@ -398,6 +425,10 @@ class TrainingSession:
     def _fail(self, reason: str) -> None:
         self._failed = reason
         logger.error("training session failed: %s", reason)
+
+
+def _tensor_writer(tensors: dict[str, torch.Tensor]) -> Payload:
+    return lambda handle: write_tensors(handle, tensors)
 
 
 def _python_state(rng: Any) -> list[Any]:

@@ -1,23 +1,169 @@
 """Serialising the pieces of training state: tensors, RNG streams, pending gradients, weights digests.
 
 Only safetensors and `torch.load(weights_only=True)` are used to read anything back: no arbitrary pickles.
-NumPy's RNG key is stored as a tensor so that the weights-only loader accepts it.
+NumPy's RNG key is stored as a tensor so that the weights-only loader accepts it. Tensor files are streamed: the
+safetensors layout is written tensor by tensor from the tensors' own memory and read back tensor by tensor into
+their destinations (the live parameters where possible), so neither direction holds a whole file in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import pickle
 import random
-from collections.abc import Iterable
-from typing import Any, cast
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, Any, cast
 
 import numpy as np
 import safetensors.torch
 import torch
 
+from .checkpoint import VerifiedReader
 from .errors import CheckpointError
+
+_DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+_MAX_HEADER = 64 << 20
+#: Where a streamed tensor goes: a contiguous CPU tensor of that dtype and shape to fill, or None for a new one.
+Destination = Callable[[str, torch.dtype, tuple[int, ...]], "torch.Tensor | None"]
+
+
+def write_tensors(handle: IO[bytes], tensors: Mapping[str, torch.Tensor]) -> None:
+    """Stream `tensors` as a safetensors file into `handle`, one tensor at a time (a device tensor is copied to the
+    host one tensor at a time; a contiguous CPU tensor is written from its own memory)."""
+    items = sorted(tensors.items())
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, tensor in items:
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise CheckpointError(f"tensor {name} has dtype {tensor.dtype}, which checkpoints cannot store")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _DTYPE_NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # safetensors aligns the data to 8 bytes
+    handle.write(struct.pack("<Q", len(raw)))
+    handle.write(raw)
+    for _, tensor in items:
+        if tensor.numel():
+            handle.write(_host_bytes(tensor))
+
+
+def _host_bytes(tensor: torch.Tensor) -> Any:
+    data = tensor.detach()
+    if data.device.type != "cpu":
+        data = data.to("cpu")
+    return data.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def read_tensors(
+    reader: VerifiedReader,
+    *,
+    destination: Destination | None = None,
+    check: Callable[[dict[str, Any]], None] | None = None,
+    sink: Callable[[str, torch.Tensor], None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Read a streamed safetensors file tensor by tensor. `check(header)` sees names, dtypes and shapes before any
+    tensor data is read; `destination` may hand out the tensor to fill (e.g. a live parameter); `sink` takes each
+    tensor as soon as it is read (then nothing is kept or returned). The caller's `Checkpoint.open` verifies the
+    file's sha256 once the stream ends."""
+    what = f"{reader.name} in {reader.uri}"
+    header = _read_header(reader, what)
+    if check is not None:
+        check({name: (dtype, shape) for name, (dtype, shape, _) in header.items()})
+    out: dict[str, torch.Tensor] = {}
+    for name, (dtype, shape, size) in header.items():
+        target = destination(name, dtype, shape) if destination is not None else None
+        if target is None:
+            target = torch.empty(shape, dtype=dtype)
+        if size:
+            reader.readinto(target.detach().reshape(-1).view(torch.uint8).numpy())
+        if sink is not None:
+            sink(name, target)
+        else:
+            out[name] = target
+    return out
+
+
+def _read_header(reader: VerifiedReader, what: str) -> dict[str, tuple[torch.dtype, tuple[int, ...], int]]:
+    try:
+        (length,) = struct.unpack("<Q", reader.read_exact(8))
+        if length > min(_MAX_HEADER, reader.expected_bytes):
+            raise ValueError(f"header length {length} is impossible")
+        raw = json.loads(reader.read_exact(length))
+        raw.pop("__metadata__", None)
+        entries = sorted(raw.items(), key=lambda item: item[1]["data_offsets"][0])
+        header, offset = {}, 0
+        for name, info in entries:
+            dtype, shape = _DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
+            start, end = (int(v) for v in info["data_offsets"])
+            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            if start != offset or end - start != size:
+                raise ValueError(f"tensor {name} has data offsets {start}..{end}, expected {offset}..{offset + size}")
+            header[name] = (dtype, shape, size)
+            offset = end
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"{what} is not a valid safetensors file ({type(exc).__name__}: {exc})") from exc
+    if 8 + length + offset != reader.expected_bytes:
+        raise CheckpointError(f"{what} is not a valid safetensors file (its header does not span the file)")
+    return header
+
+
+def flatten_state(value: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """A nested state dict split into a tensor-free skeleton (tensors replaced by `{"__tensor__": key}`) and the
+    tensors by key: the skeleton goes through `torch.save` (small), the tensors are streamed."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(item: Any, key: str) -> Any:
+        if isinstance(item, torch.Tensor):
+            tensors[key] = item
+            return {"__tensor__": key}
+        if isinstance(item, dict):
+            return {k: walk(v, f"{key}.{k}") for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            walked = [walk(v, f"{key}.{i}") for i, v in enumerate(item)]
+            return walked if isinstance(item, list) else tuple(walked)
+        return item
+
+    return walk(value, prefix), tensors
+
+
+def unflatten_state(skeleton: Any, tensors: Mapping[str, torch.Tensor], what: str) -> Any:
+    def walk(item: Any) -> Any:
+        if isinstance(item, dict):
+            if set(item) == {"__tensor__"}:
+                try:
+                    return tensors[item["__tensor__"]]
+                except KeyError:
+                    raise CheckpointError(f"{what} names a tensor {item['__tensor__']!r} it does not hold") from None
+            return {k: walk(v) for k, v in item.items()}
+        if isinstance(item, list):
+            return [walk(v) for v in item]
+        if isinstance(item, tuple):
+            return tuple(walk(v) for v in item)
+        return item
+
+    return walk(skeleton)
 
 
 def tensors_to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -102,7 +248,8 @@ def restore_grads(named: Iterable[tuple[str, torch.nn.Parameter]], grads: dict[s
                 f"pending gradient {name} is {tuple(grad.shape)}/{grad.dtype}, "
                 f"parameter is {tuple(parameter.shape)}/{parameter.dtype}"
             )
-        parameter.grad = grad.to(parameter.device).clone()
+        # a tensor read from a checkpoint is ours already: moved when needed, never copied twice
+        parameter.grad = grad.to(parameter.device)
 
 
 def canonical_name(name: str) -> str:

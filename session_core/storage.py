@@ -25,9 +25,10 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -39,7 +40,9 @@ __all__ = [
     "LocalDirectoryCommit",
     "RemoteDirectoryCommit",
     "directory_commit",
+    "fsync_dir",
     "is_local",
+    "open_new_local",
     "remove_debris",
     "remove_uncommitted",
     "resolve",
@@ -95,10 +98,20 @@ def _write_local_file(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
-def _fsync_dir(path: str) -> None:
+@contextmanager
+def open_new_local(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """A new local file (refused if it exists; mode 0o600) to stream into; flushed and fsynced on close."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        yield handle
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(path: str) -> None:
     """Make a rename inside `path` durable (best effort where the filesystem cannot fsync a directory)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -118,11 +131,11 @@ def _fsync_dir(path: str) -> None:
 class DirectoryCommit(ABC):
     """Builds one directory at `uri` whose `marker` file is written last; use as a context manager.
 
-    ``write(name, data)`` adds a file; ``local_dir()`` is a local folder whose contents become part of the directory
-    (for libraries that write files themselves, such as ``save_pretrained``); ``commit(marker_bytes)`` makes the
-    directory visible. Leaving the ``with`` block without a commit removes the local staging (remote files written
-    in place stay as uncommitted debris for ``remove_uncommitted``). `before_commit` runs once everything but the
-    marker is in place.
+    ``write(name, data)`` adds a file (``open(name)`` streams one); ``local_dir()`` is a local folder whose contents
+    become part of the directory (for libraries that write files themselves, such as ``save_pretrained``);
+    ``commit(marker_bytes)`` makes the directory visible. Leaving the ``with`` block without a commit removes the
+    local staging (remote files written in place stay as uncommitted debris for ``remove_uncommitted``).
+    `before_commit` runs once everything but the marker is in place.
     """
 
     def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
@@ -135,9 +148,14 @@ class DirectoryCommit(ABC):
     def __exit__(self, *exc: object) -> None:
         self.discard()
 
-    @abstractmethod
     def write(self, name: str, data: bytes) -> None:
         """See the class docstring."""
+        with self.open(name) as handle:
+            handle.write(data)
+
+    @abstractmethod
+    def open(self, name: str) -> Any:
+        """A context manager: a binary handle to stream file `name` into (durable once the block exits)."""
 
     @abstractmethod
     def local_dir(self) -> Path:
@@ -163,25 +181,21 @@ class LocalDirectoryCommit(DirectoryCommit):
         self.staging = Path(parent) / layout.staging_name(os.path.basename(path))
         self.staging.mkdir(mode=0o700)
 
-    def write(self, name: str, data: bytes) -> None:
-        fd = os.open(self.staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+    def open(self, name: str) -> Any:
+        return open_new_local(self.staging / name)
 
     def local_dir(self) -> Path:
         return self.staging
 
     def commit(self, marker_bytes: bytes) -> None:
         self.write(self.marker, marker_bytes)
-        _fsync_dir(str(self.staging))
+        fsync_dir(str(self.staging))
         if self.before_commit is not None:
             self.before_commit()
         if os.path.isdir(self.path):
             os.rmdir(self.path)  # an empty directory someone created for us
         os.rename(self.staging, self.path)
-        _fsync_dir(self.parent)
+        fsync_dir(self.parent)
 
     def discard(self) -> None:
         if self.staging.exists():
@@ -201,10 +215,9 @@ class RemoteDirectoryCommit(DirectoryCommit):
             self.fs.makedirs(self.path, exist_ok=True)
             self._made = True
 
-    def write(self, name: str, data: bytes) -> None:
+    def open(self, name: str) -> Any:
         self._ensure_dir()
-        with self.fs.open(f"{self.path}/{name}", "wb") as handle:
-            handle.write(data)
+        return self.fs.open(f"{self.path}/{name}", "wb")
 
     def local_dir(self) -> Path:
         if self._local is None:

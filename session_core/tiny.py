@@ -43,6 +43,7 @@ from prefect_gliner2.session_core.tiny_data import check_seed as _check_seed
 
 __all__ = [
     "BENCH_MODEL_SIZE",
+    "GLINER2_BASE_SIZE",
     "TINY_ENCODERS",
     "GLINER2_SPECIAL_TOKENS",
     "TINY_ENTITY_TYPES",
@@ -65,6 +66,20 @@ ARCHITECTURES = ("span", "boundary")
 #: parameters), boundary ~65 ms (4.7M). The defaults (hidden 32, 1 layer) take
 #: ~12 ms (span) / ~15 ms (boundary).
 BENCH_MODEL_SIZE: Mapping[str, int] = MappingProxyType({"hidden_size": 256, "num_layers": 3})
+#: The gliner2-base shape (a DeBERTa-v3-base encoder: hidden 768, 12 layers, 12 heads, the full 128,100-token
+#: vocabulary; ~184M encoder parameters), randomly initialised and built offline:
+#: ``build_tiny_model(arch, **GLINER2_BASE_SIZE)``. For real-size benchmarks (bench/realsize.py), never for tests.
+GLINER2_BASE_SIZE: Mapping[str, Any] = MappingProxyType(
+    {
+        "hidden_size": 768,
+        "num_layers": 12,
+        "num_heads": 12,
+        "intermediate_size": 3072,
+        "vocab_size": 128_100,
+        "encoder": "deberta-v2",
+        "deberta_v3": True,
+    }
+)
 #: Encoder families the tiny builders can make: BERT (absolute positions) and DeBERTa-v2 (relative attention).
 TINY_ENCODERS: tuple[str, ...] = ("bert", "deberta-v2")
 
@@ -110,11 +125,24 @@ def _check_architecture(architecture: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _make_fast_tokenizer():
+def _sized_vocab(vocab_size: int | None) -> dict[str, int]:
+    """:func:`tiny_vocab`, padded with never-produced ``[unused<i>]`` tokens up to ``vocab_size`` when given."""
+    vocab = tiny_vocab()
+    if vocab_size is None:
+        return vocab
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < len(vocab):
+        raise ValueError(f"vocab_size must be an int >= {len(vocab)} (the tiny vocabulary), got {vocab_size!r}")
+    # "[unused7]" can never come out of the pre-tokenizer (it splits "[" and "]"), so the filler rows of the
+    # embedding only add size, exactly like a real model's rare tokens.
+    vocab.update({f"[unused{i}]": i for i in range(len(vocab), vocab_size)})
+    return vocab
+
+
+def _make_fast_tokenizer(vocab_size: int | None = None):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = tiny_vocab()
+    vocab = _sized_vocab(vocab_size)
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     backend.normalizer = normalizers.Lowercase()
     # Splits on whitespace and on every punctuation character, as BERT does.
@@ -139,7 +167,7 @@ def _make_fast_tokenizer():
     )
 
 
-def build_tiny_tokenizer(directory: str | os.PathLike[str]) -> Path:
+def build_tiny_tokenizer(directory: str | os.PathLike[str], vocab_size: int | None = None) -> Path:
     """Write a fast WordLevel tokenizer over :func:`tiny_vocab` into ``directory``.
 
     Lowercasing normalizer, BERT pre-tokenizer (whitespace + punctuation),
@@ -147,11 +175,12 @@ def build_tiny_tokenizer(directory: str | os.PathLike[str]) -> Path:
     ``[SEP]`` ``[MASK]`` plus gliner2's ``[SEP_STRUCT]``, ``[SEP_TEXT]``, ``[P]``,
     ``[C]``, ``[E]``, ``[R]``, ``[L]``, ``[EXAMPLE]``, ``[OUTPUT]``,
     ``[DESCRIPTION]``. Loadable offline with ``AutoTokenizer.from_pretrained``.
+    ``vocab_size`` pads the vocabulary with unused tokens to that size (the real models' 128,100).
     Returns the directory.
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    _make_fast_tokenizer().save_pretrained(str(path))
+    _make_fast_tokenizer(vocab_size).save_pretrained(str(path))
     return path
 
 
@@ -177,11 +206,15 @@ def tiny_encoder_config(
     dropout: float = 0.0,
     max_position_embeddings: int = 512,
     encoder: str = "bert",
+    vocab_size: int | None = None,
+    deberta_v3: bool = False,
 ):
     """A ``transformers`` encoder config sized to :func:`tiny_vocab` (no resize needed).
 
     ``encoder``: ``"bert"`` (``BertConfig``, absolute positions) or ``"deberta-v2"`` (``DebertaV2Config`` with
-    relative position attention, the encoder family of the released GLiNER2 models).
+    relative position attention, the encoder family of the released GLiNER2 models). ``vocab_size`` pads the
+    vocabulary (see :func:`build_tiny_tokenizer`); ``deberta_v3`` uses DeBERTa-v3-base's relative-attention settings
+    (256 position buckets, shared attention keys, layer-normed relative embeddings, no absolute position bias).
     """
     from transformers import BertConfig, DebertaV2Config
 
@@ -191,11 +224,13 @@ def tiny_encoder_config(
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if encoder not in TINY_ENCODERS:
         raise ValueError(f"encoder must be one of {TINY_ENCODERS}, got {encoder!r}")
+    if deberta_v3 and encoder != "deberta-v2":
+        raise ValueError(f"deberta_v3=True needs encoder='deberta-v2', got {encoder!r}")
     heads = num_heads or _default_heads(hidden_size)
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {heads}")
     common: dict[str, Any] = dict(
-        vocab_size=len(tiny_vocab()),
+        vocab_size=len(_sized_vocab(vocab_size)),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
@@ -215,6 +250,15 @@ def tiny_encoder_config(
             "type_vocab_size": 0,
             "position_buckets": 32,
         }
+        if deberta_v3:  # microsoft/deberta-v3-base's config.json
+            deberta.update(
+                position_buckets=256,
+                max_relative_positions=-1,
+                share_att_key=True,
+                norm_rel_ebd="layer_norm",
+                position_biased_input=False,
+                layer_norm_eps=1e-7,
+            )
         return DebertaV2Config(**common, **deberta)
     return BertConfig(**common, type_vocab_size=2)
 
@@ -229,6 +273,8 @@ def build_tiny_encoder_dir(
     intermediate_size: int | None = None,
     dropout: float = 0.0,
     encoder: str = "bert",
+    vocab_size: int | None = None,
+    deberta_v3: bool = False,
 ) -> Path:
     """Save a randomly initialised tiny encoder (``BertModel``, or ``DebertaV2Model`` with ``encoder="deberta-v2"``)
     plus the tiny tokenizer.
@@ -247,13 +293,15 @@ def build_tiny_encoder_dir(
         intermediate_size=intermediate_size,
         dropout=dropout,
         encoder=encoder,
+        vocab_size=vocab_size,
+        deberta_v3=deberta_v3,
     )
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     with _isolated_rng(seed):
         model = AutoModel.from_config(config)
     model.save_pretrained(str(path))
-    build_tiny_tokenizer(path)
+    build_tiny_tokenizer(path, vocab_size)
     return path
 
 
@@ -323,6 +371,8 @@ def save_tiny_model(
     max_width: int = 8,
     boundary_head: Mapping[str, Any] | None = None,
     encoder: str = "bert",
+    vocab_size: int | None = None,
+    deberta_v3: bool = False,
 ) -> Path:
     """Write a native gliner2 model directory that ``AutoExtractor.from_pretrained`` loads offline.
 
@@ -334,7 +384,8 @@ def save_tiny_model(
     head's dropout. (The span head has a hard-coded 0.1 dropout in
     ``span_rep`` whatever the config says.) ``boundary_head`` overrides
     individual boundary settings on top of :func:`tiny_boundary_head`. ``encoder`` picks the encoder family
-    (``"bert"`` or ``"deberta-v2"``, see :func:`tiny_encoder_config`).
+    (``"bert"`` or ``"deberta-v2"``, see :func:`tiny_encoder_config`); ``vocab_size`` and ``deberta_v3`` make
+    the real shape (:data:`GLINER2_BASE_SIZE`).
 
     Deterministic: same arguments -> byte-identical ``model.safetensors`` and
     ``config.json``. Global RNG state is left untouched. Returns the directory.
@@ -350,6 +401,8 @@ def save_tiny_model(
         intermediate_size=intermediate_size,
         dropout=dropout,
         encoder=encoder,
+        vocab_size=vocab_size,
+        deberta_v3=deberta_v3,
     )
     config = _extractor_config(
         arch,
@@ -359,13 +412,13 @@ def save_tiny_model(
         boundary_head=boundary_head,
     )
     model_class = gliner2.BoundaryExtractor if arch == "boundary" else gliner2.SpanExtractor
-    tokenizer = _make_fast_tokenizer()
+    tokenizer = _make_fast_tokenizer(vocab_size)
     with _isolated_rng(seed):
         model = model_class(config, encoder_config=encoder_config, tokenizer=tokenizer)
-    vocab_size = len(tiny_vocab())
-    if len(model.processor.tokenizer) != vocab_size:  # pragma: no cover - guards a gliner2 change
+    expected = len(_sized_vocab(vocab_size))
+    if len(model.processor.tokenizer) != expected:  # pragma: no cover - guards a gliner2 change
         raise RuntimeError(
-            f"gliner2 grew the tiny tokenizer from {vocab_size} to {len(model.processor.tokenizer)} "
+            f"gliner2 grew the tiny tokenizer from {expected} to {len(model.processor.tokenizer)} "
             "tokens; add the new special tokens to GLINER2_SPECIAL_TOKENS"
         )
     path = Path(directory)
@@ -391,7 +444,7 @@ def build_tiny_model(
     in *training* mode (``model.training`` is True; gliner2's extract methods
     call ``eval()`` themselves and do not switch back). ``kwargs`` go to
     :func:`save_tiny_model` (``dropout``, ``max_width``, ``boundary_head``,
-    ``num_heads``, ``intermediate_size``, ``encoder``).
+    ``num_heads``, ``intermediate_size``, ``encoder``, ``vocab_size``, ``deberta_v3``).
 
     Note: a model loaded from a temporary directory has ``name_or_path``
     pointing at a directory that no longer exists; pass ``directory`` when

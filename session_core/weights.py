@@ -23,7 +23,7 @@ import fsspec
 import safetensors.torch
 import torch
 
-from .checkpoint import read_checkpoint
+from .checkpoint import open_checkpoint
 from .engine import unwrap, validate_adapter_config
 from .errors import AdapterMismatchError, WeightsError
 from .layout import (
@@ -38,7 +38,7 @@ from .layout import (
     MODEL_WEIGHTS_INDEX_FILE,
     WEIGHTS_FILE,
 )
-from .state import base_weights, bytes_to_tensors, canonical_name, tensors_digest
+from .state import base_weights, canonical_name, read_tensors, tensors_digest
 from .storage import directory_commit, is_local, resolve
 
 if TYPE_CHECKING:
@@ -139,10 +139,11 @@ def _load_adapter(session: TrainingSession, fs: Any, path: str, uri: str) -> dic
 
 
 def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
-    checkpoint = read_checkpoint(uri)
+    checkpoint = open_checkpoint(uri, min_version=1)  # the weights file has the same layout in every version
     meta = checkpoint.meta
     saved_lora = bool(meta.get("config", {}).get("use_lora"))
-    tensors = bytes_to_tensors(checkpoint.require(WEIGHTS_FILE), WEIGHTS_FILE)
+    with checkpoint.open(WEIGHTS_FILE) as reader:  # verified before anything is copied
+        tensors = read_tensors(reader)
     architecture = meta.get("compat", {}).get("model", {}).get("architecture")
     if architecture != session.architecture:
         raise WeightsError(

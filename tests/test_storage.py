@@ -217,5 +217,6 @@ def test_a_checkpoint_is_invisible_until_its_index_commits(tmp_path: Path) -> No
         uri, {"a.bin": b"a"}, {"k": 1}, before_commit=lambda: visible_before_commit.append(checkpoint_exists(uri))
     )
     assert visible_before_commit == [False] and checkpoint_exists(uri)
-    assert read_checkpoint(uri).files == {"a.bin": b"a"} and read_checkpoint(uri).meta == {"k": 1}
+    checkpoint = read_checkpoint(uri)
+    assert checkpoint.require("a.bin") == b"a" and checkpoint.meta == {"k": 1}
     assert sorted(os.listdir(uri)) == ["a.bin", layout.CHECKPOINT_INDEX_FILE]

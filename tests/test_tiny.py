@@ -14,6 +14,7 @@ import pytest
 
 from prefect_gliner2.session_core.tiny import (
     BENCH_MODEL_SIZE,
+    GLINER2_BASE_SIZE,
     GLINER2_SPECIAL_TOKENS,
     TINY_ENTITY_TYPES,
     TINY_SPECIAL_TOKENS,
@@ -22,6 +23,7 @@ from prefect_gliner2.session_core.tiny import (
     build_tiny_model,
     build_tiny_tokenizer,
     save_tiny_model,
+    tiny_encoder_config,
     tiny_records,
     tiny_vocab,
 )
@@ -402,3 +404,37 @@ def test_inference_runs(arch, model_dirs, offline):
 
     classified = model.classify_text(record["input"], {"sentiment": ["positive", "negative", "neutral"]})
     assert "sentiment" in classified
+
+
+def test_gliner2_base_shape_is_the_real_encoder_and_the_vocab_option_reaches_the_model(tmp_path, offline):
+    from transformers import AutoModel
+
+    config = tiny_encoder_config(
+        GLINER2_BASE_SIZE["hidden_size"],
+        GLINER2_BASE_SIZE["num_layers"],
+        **{k: v for k, v in GLINER2_BASE_SIZE.items() if k not in ("hidden_size", "num_layers")},
+    )
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
+        128_100,
+        768,
+        12,
+        12,
+    )
+    assert (config.position_buckets, config.share_att_key, config.norm_rel_ebd, config.position_biased_input) == (
+        256,
+        True,
+        "layer_norm",
+        False,
+    )
+    with torch.device("meta"):  # shapes only: no 700 MB allocation in a unit test
+        encoder = AutoModel.from_config(config)
+    assert 183_000_000 < sum(p.numel() for p in encoder.parameters()) < 185_000_000  # DeBERTa-v3-base: ~184M
+
+    small = build_tiny_model("span", encoder="deberta-v2", deberta_v3=True, vocab_size=1000)
+    assert small.encoder.config.vocab_size == 1000 and len(small.processor.tokenizer) == 1000
+    assert small.encoder.get_input_embeddings().weight.shape[0] == 1000
+    assert small.encoder.config.position_buckets == 256
+    with pytest.raises(ValueError, match="vocab_size must be"):
+        save_tiny_model(tmp_path / "bad", "span", vocab_size=10)
+    with pytest.raises(ValueError, match="deberta_v3"):
+        save_tiny_model(tmp_path / "bad", "span", deberta_v3=True)

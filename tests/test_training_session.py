@@ -384,15 +384,19 @@ def test_non_finite_loss_and_gradients_are_errors_not_zeros():
     with pytest.raises(SessionStateError, match="unusable"):
         session.forward_backward(plan.batch(1))
 
-    session, plan = new_session("span", False)
-    parameter = next(p for n, p in session.model.named_parameters() if "span_rep" in n)
-    before = parameter.detach().clone()
-    handle = parameter.register_hook(lambda grad: grad * float("inf"))
-    session.forward_backward(plan.batch(0))
-    handle.remove()
-    with pytest.raises(TrainingNumericsError, match="non-finite gradients"):
-        session.optim_step()
-    assert torch.equal(parameter.detach(), before)
+    for poison in (float("inf"), float("nan")):  # one poisoned gradient: the whole update is refused
+        session, plan = new_session("span", False)
+        parameter = next(p for n, p in session.model.named_parameters() if "span_rep" in n)
+        before = {n: t.detach().clone() for n, t in session.model.state_dict().items()}
+        handle = parameter.register_hook(lambda grad, poison=poison: grad * poison)
+        session.forward_backward(plan.batch(0))
+        handle.remove()
+        with pytest.raises(TrainingNumericsError, match="non-finite gradients"):
+            session.optim_step()
+        assert all(torch.equal(t, before[n]) for n, t in session.model.state_dict().items())
+        assert session.step == 0 and not session.engine.optimizer.state  # no AdamW moment was written either
+        with pytest.raises(SessionStateError, match="unusable"):
+            session.optim_step()
 
 
 def test_a_sample_the_model_cannot_process_is_an_error(monkeypatch):

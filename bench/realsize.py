@@ -1,0 +1,290 @@
+"""Real model size (the gliner2-base shape, built offline): step overhead, checkpoint I/O and resume, side by side.
+
+    python bench/realsize.py [--arch span,boundary] [--steps 4] [--device cpu|cuda] [--bf16] [--json OUT] [--smoke]
+
+For each architecture a randomly initialised model of the gliner2-base shape (DeBERTa-v3-base encoder: hidden 768,
+12 layers, the full 128,100-token vocabulary; `GLINER2_BASE_SIZE`) is built in code, and in one process:
+
+- step ratio: the session's public `forward_backward` + `optim_step` against the same engine's native methods
+  (`_backward_one` + `_optimizer_step`, what native `train()` calls per batch, with the session's guard hook
+  detached), on the same model and the same collated batches, alternating step by step so that both see the same
+  machine state; the median of the per-step ratios is printed.
+- checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes, load_state (into a fresh session)
+  vs a raw read of the same bytes (both from the page cache: the files were just written), and the extra peak
+  RSS during each (above the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
+- resume: a fresh session that verifies the checkpoint as the flow process does (`read_checkpoint`), loads it and
+  runs its first batch, against a fresh session that runs its first batch; the ratio of the two wall times.
+Background checkpoint writes are not implemented yet: their column says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
+from prefect_gliner2.session_core.checkpoint import read_checkpoint  # noqa: E402
+from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples this process's resident set size in a thread; `peak` is the largest seen while active."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def now() -> int:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * PAGE
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.now())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self.now()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now())
+
+
+def config(tmp: str, bf16: bool) -> TrainingConfig:
+    return TrainingConfig(
+        output_dir=tmp,
+        fp16=False,
+        bf16=bf16,
+        batch_size=2,
+        gradient_accumulation_steps=1,
+        num_epochs=1,
+        eval_strategy="no",
+        save_best=False,
+        group_by_length=False,
+        seed=1,
+    )
+
+
+def new_session(model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, device: str) -> TrainingSession:
+    from gliner2.auto import AutoExtractor
+
+    return TrainingSession(AutoExtractor.from_pretrained(str(model_dir)), cfg, max_steps=plan.max_steps, device=device)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def step_ratio(session: TrainingSession, plan: ManagedTrainingPlan, steps: int, device: str) -> dict[str, float]:
+    """Alternate a native step (engine methods, guard hook detached) and a session step on the same model."""
+    engine = session.engine
+    hooks = engine.optimizer._optimizer_step_pre_hooks  # the session's non-finite guard: detached for native steps
+
+    def native(i: int) -> None:
+        from prefect_gliner2.session_core.engine import private_python_rng
+        from prefect_gliner2.session_core.pairs import to_pairs
+
+        saved = dict(hooks)
+        hooks.clear()
+        try:
+            with private_python_rng(engine.python_rng):
+                batch = engine.train_collator(to_pairs(plan.batch(i)))
+            engine._backward_one(batch, 0, engine.use_amp, engine.amp_dtype, is_last_micro=True)
+            engine._optimizer_step()
+            engine.global_step += 1
+        finally:
+            hooks.update(saved)
+
+    def ours(i: int) -> None:
+        session.forward_backward(plan.batch(i))
+        session.optim_step()
+
+    times: dict[str, list[float]] = {"native": [], "session": []}
+    for i in range(2 * steps + 2):
+        kind, run = (("native", native), ("session", ours))[i % 2]
+        sync(device)
+        started = time.perf_counter()
+        run(i)
+        sync(device)
+        if i >= 2:  # the first of each kind warms up
+            times[kind].append(time.perf_counter() - started)
+    ratios = [s / n for n, s in zip(times["native"], times["session"], strict=True)]
+    return {
+        "native_step_s": statistics.median(times["native"]),
+        "session_step_s": statistics.median(times["session"]),
+        "step_ratio": statistics.median(ratios),
+    }
+
+
+def raw_io(size: int, tmp: str) -> tuple[float, float]:
+    """Seconds to write+fsync and to read back `size` bytes (64 MiB buffer reused; no extra RAM)."""
+    path = Path(tmp) / "raw.bin"
+    block = os.urandom(64 << 20)
+    started = time.perf_counter()
+    with open(path, "wb") as handle:
+        left = size
+        while left > 0:
+            left -= handle.write(memoryview(block)[: min(left, len(block))])
+        handle.flush()
+        os.fsync(handle.fileno())
+    write = time.perf_counter() - started
+    buffer = bytearray(8 << 20)
+    started = time.perf_counter()
+    with open(path, "rb", buffering=0) as handle:
+        while handle.readinto(buffer):
+            pass
+    read = time.perf_counter() - started
+    path.unlink()
+    return write, read
+
+
+def timed(action: Callable[[], Any]) -> tuple[float, int, int, int]:
+    gc.collect()
+    before = PeakRss.now()
+    with PeakRss() as rss:
+        started = time.perf_counter()
+        action()
+        seconds = time.perf_counter() - started
+    return seconds, before, rss.peak, PeakRss.now()
+
+
+def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    built = time.perf_counter()
+    shape = dict(GLINER2_BASE_SIZE)
+    if args.smoke:  # the same code paths on a small DeBERTa-v3 (seconds): for checking the script itself
+        shape.update(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=1000)
+    model_dir = save_tiny_model(Path(tmp) / f"model-{arch}", arch, seed=0, dropout=0.1, **shape)
+    cfg = config(tmp, args.bf16)
+    plan = ManagedTrainingPlan(tiny_records(4 * args.steps + 8, seed=3), cfg, architecture=arch)
+    session = new_session(model_dir, cfg, plan, args.device)
+    parameters = sum(p.numel() for p in session.model.parameters())
+    row: dict[str, Any] = {"arch": arch, "parameters": parameters, "build_s": time.perf_counter() - built}
+    row.update(step_ratio(session, plan, args.steps, args.device))
+    progress(row)
+
+    session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
+    ckpt = Path(tmp) / f"ckpt-{arch}"
+    save_s, before, peak, after = timed(lambda: session.save_state(str(ckpt)))
+    size = sum(f.stat().st_size for f in ckpt.iterdir())
+    row.update(checkpoint_bytes=size, save_s=save_s, save_extra_rss=(peak - max(before, after)) / size)
+    session.close()  # drops the model and optimizer: the fresh session below is the only one alive
+    gc.collect()
+
+    raw_write, raw_read = raw_io(size, tmp)
+    row.update(raw_write_s=raw_write, raw_read_s=raw_read)
+    fresh = new_session(model_dir, cfg, plan, args.device)
+    load_s, before, peak, after = timed(lambda: fresh.load_state(str(ckpt)))
+    row.update(load_s=load_s, load_extra_rss=(peak - max(before, after)) / size)
+    progress(row)
+    fresh.close()
+    gc.collect()
+
+    row.update(resume(model_dir, cfg, plan, args, ckpt))
+    progress(row)
+    shutil.rmtree(ckpt)
+    shutil.rmtree(model_dir)
+    return row
+
+
+def progress(row: dict[str, Any]) -> None:
+    """Figures as soon as they are known (stderr), so that a run cut short still reports what it measured."""
+    print(json.dumps(row), file=sys.stderr, flush=True)
+
+
+def resume(
+    model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, args: argparse.Namespace, ckpt: Path
+) -> dict[str, float]:
+    batch = plan.batch(2 * args.steps + 3)
+
+    def start(restore: bool) -> float:
+        started = time.perf_counter()
+        if restore:
+            read_checkpoint(str(ckpt))  # the flow process's damage check (a full streamed verification)
+        session = new_session(model_dir, cfg, plan, args.device)
+        if restore:
+            session.load_state(str(ckpt))
+        session.forward_backward(batch)
+        sync(args.device)
+        seconds = time.perf_counter() - started
+        session.close()
+        gc.collect()
+        return seconds
+
+    fresh_s = start(False)
+    verify_s = timed(lambda: read_checkpoint(str(ckpt)))[0]
+    resume_s = start(True)
+    return {"fresh_start_s": fresh_s, "resume_s": resume_s, "resume_ratio": resume_s / fresh_s, "verify_s": verify_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", default="span,boundary")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps of each kind (after one warm-up each)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--json", help="also write the rows as JSON to this file")
+    parser.add_argument("--smoke", action="store_true", help="a small DeBERTa-v3 instead of the real size")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", str(min(os.cpu_count() or 2, 16)))))
+    rows = []
+    for arch in args.arch.split(","):
+        with tempfile.TemporaryDirectory(prefix="realsize-", dir=os.environ.get("BENCH_TMP")) as tmp:
+            rows.append(measure(arch, args, tmp))
+        print(f"{arch}: done", file=sys.stderr, flush=True)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, {'bf16' if args.bf16 else 'fp32'}")
+    print(
+        f"{'arch':9} {'params M':>8} {'native s':>8} {'session s':>9} {'step ratio':>10} {'ckpt GB':>7} "
+        f"{'save/raw':>8} {'load/raw':>8} {'save +RAM':>9} {'load +RAM':>9} {'bg vs block':>11} {'resume':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['arch']:9} {r['parameters'] / 1e6:8.1f} {r['native_step_s']:8.2f} {r['session_step_s']:9.2f} "
+            f"{r['step_ratio']:10.3f} {r['checkpoint_bytes'] / 1e9:7.2f} {r['save_s'] / r['raw_write_s']:8.2f} "
+            f"{r['load_s'] / r['raw_read_s']:8.2f} {r['save_extra_rss']:8.2f}x {r['load_extra_rss']:8.2f}x "
+            f"{'n/a':>11} {r['resume_ratio']:6.2f}"
+        )
+    print(
+        f"\n{'arch':9} {'save s':>7} {'raw w s':>7} {'load s':>7} {'raw r s':>7} {'verify s':>8} {'fresh s':>7} "
+        f"{'resume s':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['arch']:9} {r['save_s']:7.2f} {r['raw_write_s']:7.2f} {r['load_s']:7.2f} {r['raw_read_s']:7.2f} "
+            f"{r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f}"
+        )
+    print("bg vs block: background checkpoint writes are not implemented yet (checkpoints block training)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
