@@ -1,8 +1,7 @@
-"""Chaos benchmark: SIGKILL the training flow at seeded random moments, resume, and compare bit for bit.
+"""The chaos engine: SIGKILL the training flow at seeded random moments, resume, and compare bit for bit.
 
-    python bench/chaos.py                 # span/boundary x full/LoRA, every kill kind, storage faults
-    python bench/chaos.py --quick         # boundary full + span LoRA, a couple of kills (used by tests/test_chaos.py)
-    python bench/chaos.py --json out.json # also write the report as JSON
+Used by tests/test_chaos.py (quick mode, storage faults) and by the benchmark CLI bench/chaos.py (``run_chaos``,
+``format_report``, ``prefect_server``).
 
 For each case an uninterrupted flow run is the reference. A second run key is then crashed repeatedly: every
 crashed attempt is a fresh interpreter running ``train_flow`` that is SIGKILLed at a moment chosen by the seed --
@@ -16,12 +15,11 @@ Storage faults (``--storage-faults``, on by default in the full mode) damage the
 (truncate, edit one byte, delete a file), make a checkpoint write fail (an injected failure after the files are
 written, and a real ``EFBIG`` from ``RLIMIT_FSIZE``), and record what the product does.
 
-Without ``--api-url`` a throwaway local Prefect server is started (``prefect_test_harness``).
+``prefect_server(None)`` starts a throwaway local Prefect server (support.prefect_harness).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -38,9 +36,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from support.config import training_config
+from support.flow import export_tensors, make_inputs
+from support.prefect_harness import local_prefect_server
+from support.processes import kill9, pid_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
 
 THREADS = 1
 CHECKPOINT_EVERY = 2
@@ -70,38 +72,6 @@ COMPARED_SUMMARY = (
     "fingerprint",
     "content_address",
 )
-
-
-def flow_config(lora: bool) -> dict[str, Any]:
-    values: dict[str, Any] = dict(
-        fp16=False,
-        bf16=False,
-        batch_size=2,
-        gradient_accumulation_steps=2,
-        num_epochs=2,
-        eval_strategy="epoch",
-        seed=11,
-        encoder_lr=1e-3,
-        task_lr=2e-3,
-        warmup_ratio=0.2,
-        lora_r=4,
-        lora_alpha=8.0,
-    )
-    if lora:
-        values.update(use_lora=True, lora_dropout=0.1)
-    return values
-
-
-def make_inputs(directory: Path) -> dict[str, str]:
-    from prefect_gliner2.session_core.tiny import tiny_records
-
-    directory.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for role, n, seed in (("train", 12, 5), ("valid", 4, 99)):
-        path = directory / f"{role}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in tiny_records(n, seed=seed)), encoding="utf-8")
-        out[role] = str(path)
-    return out
 
 
 # ---- results -----------------------------------------------------------------------------------------------
@@ -144,22 +114,12 @@ class FaultResult:
 # ---- running flows -----------------------------------------------------------------------------------------
 
 
-def child_main(params_json: str) -> None:
-    """`--child`: run train_flow in this fresh interpreter (heartbeats off) and print its summary as JSON."""
-    import prefect.settings as settings
-    from prefect.settings import temporary_settings
-
-    from prefect_gliner2.flows.train import train_flow
-
-    with temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        summary = train_flow(**json.loads(params_json))
-    print(json.dumps(summary))
-
-
 def spawn(
     params: dict[str, Any], env: dict[str, str], api_url: str, *, fsize_limit: int | None = None
 ) -> subprocess.Popen[str]:
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api_url, OMP_NUM_THREADS="1", **env)
+    """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the API at `api_url`."""
+    pythonpath = os.pathsep.join([str(TESTS), str(ROOT)])
+    full_env = dict(os.environ, PYTHONPATH=pythonpath, PREFECT_API_URL=api_url, OMP_NUM_THREADS="1", **env)
 
     def limit() -> None:  # a real failing write: EFBIG past `fsize_limit` bytes in this process and its worker
         if fsize_limit is not None:
@@ -167,7 +127,7 @@ def spawn(
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
     return subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(params)],
+        [sys.executable, "-m", "support.flow_child", json.dumps(params)],
         cwd=str(ROOT),
         env=full_env,
         stdout=subprocess.PIPE,
@@ -209,27 +169,6 @@ def wait_for(markers: Path, name: str, process: subprocess.Popen[str], timeout: 
             return None
         time.sleep(0.02)
     raise TimeoutError(f"marker {name} did not appear within {timeout} s")
-
-
-def kill9(process: subprocess.Popen[str]) -> str:
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGKILL)
-    output, _ = process.communicate(timeout=60)
-    return output or ""
-
-
-def pid_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as handle:
-                if handle.read().split(") ", 1)[1].startswith("Z"):
-                    return True
-        except (ProcessLookupError, OSError, IndexError):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def read_cursor(run: Path) -> dict[str, Any] | None:
@@ -329,16 +268,6 @@ def time_to_first_batch(markers: Path, cursor: int, launched: float) -> float | 
 # ---- comparison ----------------------------------------------------------------------------------------------
 
 
-def export_tensors(directory: str) -> dict[str, Any]:
-    import safetensors.torch
-
-    found: dict[str, Any] = {}
-    for path in sorted(Path(directory).rglob("*.safetensors")):
-        for name, tensor in safetensors.torch.load_file(str(path)).items():
-            found[f"{path.relative_to(directory)}/{name}"] = tensor
-    return found
-
-
 def differing_bits(a: Any, b: Any) -> int:
     import torch
 
@@ -405,7 +334,7 @@ def run_case(
         model=spec["model"],
         train_data=inputs["train"],
         valid_data=inputs["valid"],
-        config=flow_config(bool(spec["lora"])),
+        config=training_config(use_lora=bool(spec["lora"])),
         storage=str(storage),
         checkpoint_every=CHECKPOINT_EVERY,
         cpu_threads=THREADS,
@@ -475,7 +404,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
         model="tiny:span",
         train_data=inputs["train"],
         valid_data=inputs["valid"],
-        config=flow_config(False),
+        config=training_config(),
         storage=str(storage),
         checkpoint_every=CHECKPOINT_EVERY,
         cpu_threads=THREADS,
@@ -670,58 +599,9 @@ def format_report(report: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def prefect_server(api_url: str | None) -> Iterator[str]:
+    """The Prefect API at `api_url`, or a throwaway local server (heartbeats off) for the duration."""
     if api_url:
         yield api_url
         return
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    import prefect.settings as settings
-    from prefect.settings import temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    with (
-        prefect_test_harness(server_startup_timeout=120),
-        temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-    ):
-        yield str(settings.PREFECT_API_URL.value())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="two cases, a couple of kills, no storage faults")
-    parser.add_argument("--seed", type=int, default=0, help="chooses the kill moments")
-    parser.add_argument("--cases", help=f"comma-separated subset of {', '.join(CASES)}")
-    parser.add_argument("--storage-faults", choices=("on", "off"), help="default: on, off with --quick")
-    parser.add_argument("--api-url", help="an existing Prefect API (default: a throwaway local server)")
-    parser.add_argument("--json", help="also write the report as JSON to this file")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        child_main(args.child)
-        return 0
-    for name, value in (
-        ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-        ("OMP_NUM_THREADS", "1"),
-        ("PREFECT_LOGGING_LEVEL", "WARNING"),
-    ):
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="chaos-prefect-home-"))
-    faults = None if args.storage_faults is None else args.storage_faults == "on"
-    with tempfile.TemporaryDirectory(prefix="chaos-") as work, prefect_server(args.api_url) as url:
-        report = run_chaos(
-            quick=args.quick,
-            seed=args.seed,
-            api_url=url,
-            work=Path(work),
-            cases=args.cases.split(",") if args.cases else None,
-            faults=faults,
-        )
-    print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    return 0 if report["differing_bits"] == 0 and report["histories_equal"] else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    with local_prefect_server() as url:
+        yield url
