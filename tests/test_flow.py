@@ -351,7 +351,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
     assert json.loads((run / "cursor.json").read_text())["checkpoint"] == "step-000002-batch-000003"
 
 
-# ---- run directory, durable cursor, lease and schedule (no training) --------------------------------------------
+# ---- run directory and durable cursor (no training; the lease and the schedule: test_lease.py, test_schedule.py) -----
 
 
 def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path) -> None:
@@ -375,84 +375,3 @@ def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path)
     (tmp_path / "r" / ".cursor.json.x.tmp").write_text("")
     assert sorted(run_dir.remove_debris()) == [".cursor.json.x.tmp", ".step-000001-batch-000001.partial-1-ab"]
     assert _mode(tmp_path / "r") == 0o700 and _mode(tmp_path / "r" / "cursor.json") == 0o600
-
-
-def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from support.flow import ROOT
-    from support.processes import pid_gone
-
-    run_dir = RunDirectory(str(tmp_path), "leased")
-    run_dir.create()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from prefect_gliner2.runtime.lease import RunLease; "
-            "from prefect_gliner2.runtime.rundir import RunDirectory; "
-            f"RunLease(RunDirectory({str(tmp_path)!r}, 'leased'), flow_run_id='holder').acquire(); "
-            "print('held', flush=True); "
-            "time.sleep(600)",
-        ],
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    with pytest.raises(RunLockedError, match=f"pid {holder.pid} .*flow run holder"):
-        RunLease(run_dir).acquire()
-    holder.kill()  # kill -9: the kernel drops the flock
-    holder.wait(10)
-    assert pid_gone(holder.pid)
-    with RunLease(run_dir) as lease:
-        assert lease.held
-
-
-def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
-    import uuid
-
-    storage = f"memory://leases-{uuid.uuid4().hex}"
-    run_dir = RunDirectory(storage, "remote")
-    run_dir.create()
-    first = RunLease(run_dir, flow_run_id="one", ttl=0.6)
-    first.acquire()
-    with pytest.raises(RunLockedError, match="flow run one"):
-        RunLease(run_dir, ttl=0.6).acquire()
-    time.sleep(1.0)  # the heartbeat keeps renewing it
-    with pytest.raises(RunLockedError):
-        RunLease(run_dir, ttl=0.6).acquire()
-    first._stop.set()  # the holder "dies": no more heartbeats
-    time.sleep(1.0)
-    second = RunLease(run_dir, flow_run_id="two", ttl=0.6)
-    second.acquire()  # the stale lease is taken over
-    time.sleep(0.1)
-    first._stop.clear()
-    first._heartbeat_once()
-    with pytest.raises(RunLockedError, match="taken over"):
-        first.check()
-    second.release()
-
-
-def test_schedule_units_never_straddle_validation_or_checkpoints(space: dict[str, Any]) -> None:
-    from prefect_gliner2.runtime.schedule import Unit, units
-
-    plan = ManagedTrainingPlan(
-        space["inputs"]["train"], TrainingConfig.from_dict(training_config()), architecture="span"
-    )
-    found = list(units(plan, 4, batches_per_task=3, checkpoint_every=2, validate=True))
-    assert found == [
-        Unit("advance", 4, 5),
-        Unit("validate", 5, 5),
-        Unit("checkpoint", 5, 5, 3),
-        Unit("advance", 6, 7),
-        Unit("checkpoint", 7, 7, 4),
-        Unit("advance", 8, 10),
-        Unit("advance", 11, 11),
-        Unit("validate", 11, 11),
-        Unit("checkpoint", 11, 11, 6),
-    ]
-    per_batch = list(units(plan, 0, batches_per_task=1, checkpoint_every=0, validate=False))
-    assert [u.through for u in per_batch if u.kind == "advance"] == list(range(12))
-    assert [u.through for u in per_batch if u.kind == "checkpoint"] == [5, 11]
