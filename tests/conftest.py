@@ -1,9 +1,16 @@
-"""Test-wide settings: everything offline, quiet tokenizers, Prefect pointed at a throwaway home."""
+"""Test-wide settings (everything offline, quiet tokenizers, Prefect pointed at a throwaway home) and fixtures.
+
+Shared helpers live in the ``support`` package (tests/support/); the one session-scoped Prefect server is the
+``prefect_server`` fixture below, used by every module that runs flows.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -13,3 +20,12 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
 # count is part of a checkpoint's compatibility, so parents and children must agree.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PREFECT_GLINER2_CACHE", tempfile.mkdtemp(prefix="prefect-gliner2-cache-"))
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[str]:
+    """One local Prefect test server for the whole pytest process (started on first use); yields its API URL."""
+    from support.prefect_harness import local_prefect_server
+
+    with local_prefect_server() as url:
+        yield url

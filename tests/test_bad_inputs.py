@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import safetensors.torch
 import torch
-from _session_helpers import eval_records, make_config, make_model, make_plan, run_direct
 
 from prefect_gliner2.session_core import (
     AdapterMismatchError,
@@ -32,6 +31,8 @@ from prefect_gliner2.session_core import (
     WeightsError,
 )
 from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
+
+from support.session import eval_records, make_config, make_model, make_plan, run_direct
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _flow_helpers import config, make_inputs
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
 from prefect_gliner2.flows.cli import main
 from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
@@ -25,6 +23,9 @@ from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.tiny import tiny_records
+
+from support.config import training_config
+from support.flow import make_inputs
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -34,7 +35,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Inputs, configs, a plain file, an empty directory and a run key that already holds another plan."""
     root = tmp_path_factory.mktemp("bad-flow")
     make_inputs(root / "data")
-    (root / "data" / "config.json").write_text(json.dumps(config()))
+    (root / "data" / "config.json").write_text(json.dumps(training_config()))
     (root / "data" / "broken.json").write_text('{"fp16": false, "bf16": ')
     (root / "data" / "unknown.yaml").write_text("fp16: false\nbf16: false\nlearning_rate_schedule: cosine\n")
     (root / "data" / "not-a-file.yaml").mkdir()
@@ -42,7 +43,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "data" / "empty-model").mkdir()
     taken = RunDirectory(str(root / "runs"), "taken")
     taken.create()
-    other = ManagedTrainingPlan(tiny_records(6, seed=1), TrainingConfig.from_dict(config()), architecture="span")
+    other = ManagedTrainingPlan(
+        tiny_records(6, seed=1), TrainingConfig.from_dict(training_config()), architecture="span"
+    )
     taken.ensure_manifest(other.manifest_bytes())
     return root
 
@@ -65,7 +68,7 @@ def flow_params(root: Path, **overrides: Any) -> dict[str, Any]:
         model="tiny:span",
         train_data=str(data / "train.jsonl"),
         valid_data=str(data / "valid.jsonl"),
-        config=config(),
+        config=training_config(),
         run_key="fresh",
         storage=str(root / "runs"),
         cpu_threads=1,
@@ -158,13 +161,13 @@ CASES: list[Any] = [
     # ---- flow parameters: the exact error class ----------------------------------------------------------------
     (
         "flow: invalid TrainingConfig value",
-        _flow(config={**config(), "batch_size": 0}),
+        _flow(config={**training_config(), "batch_size": 0}),
         "validation",
         ["batch_size must be >= 1"],
     ),
     (
         "flow: unknown TrainingConfig field",
-        _flow(config={**config(), "learning_rate_schedule": "cosine"}),
+        _flow(config={**training_config(), "learning_rate_schedule": "cosine"}),
         "validation",
         ["learning_rate_schedule"],
     ),

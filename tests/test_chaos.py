@@ -1,18 +1,13 @@
-"""The chaos benchmark's quick mode: SIGKILLs at seeded moments (boundary full, span LoRA), resume, bitwise equal."""
+"""The chaos engine's quick mode (`bench/chaos.py --quick`): SIGKILLs at seeded moments, resume, bitwise equal."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import chaos  # noqa: E402
+from support import chaos
 
 
-def test_quick_chaos_resumes_bit_for_bit(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_quick_chaos_resumes_bit_for_bit(prefect_server: str, tmp_path: Path) -> None:
     report = chaos.run_chaos(quick=True, seed=0, api_url=prefect_server, work=tmp_path)
     text = chaos.format_report(report)
     assert report["killed"] == report["kill_points_tried"] == 2, text
@@ -36,7 +31,7 @@ def test_differing_bits_counts_exact_bit_flips() -> None:
     assert chaos.differing_bits(a, a.double()) == 3 * 8 * 8  # a dtype change counts every bit
 
 
-def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server: str, tmp_path: Path) -> None:
     """A damaged newest checkpoint is detected, moved aside, and the run continues exactly from the previous intact
     checkpoint (never silently ignored); a failing checkpoint write (injected, or a real EFBIG) loses nothing."""
     faults = chaos.storage_faults(tmp_path, chaos.make_inputs(tmp_path / "data"), prefect_server)

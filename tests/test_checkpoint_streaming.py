@@ -11,15 +11,6 @@ import pytest
 import safetensors
 import safetensors.torch
 import torch
-from _session_helpers import (
-    assert_bitwise_equal,
-    eval_records,
-    make_config,
-    make_model,
-    make_plan,
-    run_direct,
-    snapshot,
-)
 
 from prefect_gliner2.session_core import (
     CheckpointError,
@@ -30,6 +21,16 @@ from prefect_gliner2.session_core import (
 from prefect_gliner2.session_core import checkpoint as checkpoint_mod
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint
 from prefect_gliner2.session_core.state import read_tensors, write_tensors
+
+from support.session import (
+    assert_bitwise_equal,
+    eval_records,
+    make_config,
+    make_model,
+    make_plan,
+    run_direct,
+    snapshot,
+)
 
 
 def new_session(**overrides):

@@ -11,20 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from _flow_helpers import (
-    ROOT,
-    assert_same_export,
-    config,
-    make_inputs,
-    reference_export,
-    wait_for_marker,
-)
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture, used by the demo test only)
 
 from prefect_gliner2.flows.cli import main
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.tiny import tiny_records
+
+from support.config import training_config
+from support.flow import ROOT, assert_same_export, make_inputs, reference_export, wait_for_marker
 
 HEAVY = ("torch", "numpy", "transformers", "gliner2", "peft", "safetensors")
 
@@ -33,8 +27,8 @@ HEAVY = ("torch", "numpy", "transformers", "gliner2", "peft", "safetensors")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("cli")
     inputs = make_inputs(root / "data")
-    (root / "config.json").write_text(json.dumps(config()))
-    (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config().items()))
+    (root / "config.json").write_text(json.dumps(training_config()))
+    (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in training_config().items()))
     return {"root": str(root), "config": str(root / "config.json"), "yaml": str(root / "config.yaml"), **inputs}
 
 
@@ -81,7 +75,9 @@ def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys
         assert message in capsys.readouterr().err
     run_dir = RunDirectory(os.path.join(files["root"], "runs"), "taken")
     run_dir.create()
-    other = ManagedTrainingPlan(tiny_records(6, seed=1), TrainingConfig.from_dict(config()), architecture="span")
+    other = ManagedTrainingPlan(
+        tiny_records(6, seed=1), TrainingConfig.from_dict(training_config()), architecture="span"
+    )
     run_dir.ensure_manifest(other.manifest_bytes())
     assert main(_train_args(files, **{"--run-key": "taken"})) == 2
     assert "already holds a different manifest" in capsys.readouterr().err
@@ -153,12 +149,12 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
     assert f"model (best weights): {tmp_path / 'model'}" in out
     assert "resuming run cli-crash from checkpoint step-000004-batch-000007" in err
     assert "batch 12/12 · step 6/6 · epoch 2/2" in err  # the progress bar (stderr)
-    reference = reference_export("tiny:span", files, config(), tmp_path / "direct")
+    reference = reference_export("tiny:span", files, training_config(), tmp_path / "direct")
     assert_same_export(str(tmp_path / "model"), reference)
 
 
 def test_demo_trains_the_tiny_model_offline(
-    prefect_server: str,  # noqa: F811
+    prefect_server: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -203,7 +199,7 @@ def test_the_flow_reuses_the_run_its_caller_prepared(
     any other inputs."""
     from prefect_gliner2.flows import train as train_flow_module
 
-    storage, cfg = str(tmp_path / "runs"), TrainingConfig.from_dict(config())
+    storage, cfg = str(tmp_path / "runs"), TrainingConfig.from_dict(training_config())
     prepared = train_flow_module.prepare_run("tiny:span", files["train"], files["valid"], cfg, "once", storage)
     assert prepared.has_validation and prepared.manifest is not None
     calls: list[tuple[object, ...]] = []
@@ -214,7 +210,7 @@ def test_the_flow_reuses_the_run_its_caller_prepared(
         return real_prepare_run(*args)
 
     monkeypatch.setattr(train_flow_module, "prepare_run", counting_prepare_run)
-    same = ("tiny:span", files["train"], files["valid"], TrainingConfig.from_dict(config()), "once", storage)
+    same = ("tiny:span", files["train"], files["valid"], TrainingConfig.from_dict(training_config()), "once", storage)
     with train_flow_module.use_prepared(prepared):
         assert train_flow_module._prepare(*same) is prepared
         assert calls == []

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _flow_helpers import ROOT, THREADS, config, write_jsonl
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
 from prefect_gliner2.flows.train import TrainingConfigModel
 from prefect_gliner2.session_core.tiny import tiny_records
+
+from support.config import training_config
+from support.flow import ROOT, THREADS, write_jsonl
 
 TRAIN, RETRAIN = "gliner2-train/train", "gliner2-retrain/retrain-nightly"
 
@@ -74,7 +75,7 @@ def _limit(deployment: Any) -> int | None:
     return limit.limit if limit is not None else None
 
 
-def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: Path) -> None:  # noqa: F811
+def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: Path) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -129,7 +130,7 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
             "model": "tiny:span",
             "train_data": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
             "valid_data": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)),
-            "config": config(num_epochs=1),
+            "config": training_config(num_epochs=1),
             "run_key": "pool-train",
             "cpu_threads": THREADS,
         },
@@ -164,7 +165,7 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
 
 
 @pytest.fixture()
-def served(prefect_server: str, tmp_path: Path) -> Any:  # noqa: F811
+def served(prefect_server: str, tmp_path: Path) -> Any:
     data = tmp_path / "data"
     data.mkdir()
     inputs = {
@@ -177,7 +178,7 @@ def served(prefect_server: str, tmp_path: Path) -> Any:  # noqa: F811
             "train_data": inputs["train"],
             "valid_data": inputs["valid"],
             "registry_root": str(tmp_path / "registry"),
-            "config": config(num_epochs=1),
+            "config": training_config(num_epochs=1),
             "cpu_threads": THREADS,
         }
     }
@@ -240,7 +241,7 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
             "model": "tiny:span",
             "train_data": inputs["train"],
             "valid_data": inputs["valid"],
-            "config": config(num_epochs=1),
+            "config": training_config(num_epochs=1),
             "run_key": "served-train",
             "cpu_threads": THREADS,
         },

@@ -11,14 +11,6 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from _flow_helpers import (
-    assert_same_export,
-    config,
-    make_space,
-    reference_export,
-    run_flow,
-)
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
 from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError, RunLockedError
 from prefect_gliner2.runtime.lease import RunLease
@@ -27,6 +19,9 @@ from prefect_gliner2.runtime.worker import SessionWorker
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.tiny import tiny_records
 from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
+
+from support.config import training_config
+from support.flow import assert_same_export, make_space, reference_export, run_flow
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -67,12 +62,12 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         model=space["span"],
         train_data=space["inputs"]["train"],
         valid_data=space["inputs"]["valid"],
-        config=config(),
+        config=training_config(),
         run_key="span-full",
         storage=str(storage),
         checkpoint_every=2,
     )
-    reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
+    reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
     assert summary["label"] == "best" and summary["total_steps"] == 6 and summary["worker_starts"] == 1
     run = storage / "span-full"
@@ -102,7 +97,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         model=space["span"],
         train_data=space["inputs"]["train"],
         valid_data=space["inputs"]["valid"],
-        config=config(),
+        config=training_config(),
         run_key="span-full",
         storage=str(storage),
         checkpoint_every=2,
@@ -136,7 +131,7 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(
 ) -> None:
     """Groups of 3 batches, operations sent 2 units ahead, and a worker SIGKILL with operations in flight."""
     monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:9:{tmp_path / 'died'}")
-    cfg = config(use_lora=True)
+    cfg = training_config(use_lora=True)
     summary = run_flow(
         model=space["boundary"],
         train_data=space["inputs"]["train"],
@@ -167,7 +162,7 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(
 def test_worker_death_and_transient_errors_are_retried_exactly(
     space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = config(use_lora=True)
+    cfg = training_config(use_lora=True)
     monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:4:{tmp_path / 'died'}")
     monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"batch:9:{tmp_path / 'raised'}")
     summary = run_flow(
@@ -198,7 +193,7 @@ def test_flow_retry_reuses_the_live_worker_and_its_cache(
         model=space["span"],
         train_data=space["inputs"]["train"],
         valid_data=space["inputs"]["valid"],
-        config=config(),
+        config=training_config(),
         run_key="span-flow-retry",
         storage=str(space["root"] / "runs"),
         checkpoint_every=0,
@@ -208,7 +203,7 @@ def test_flow_retry_reuses_the_live_worker_and_its_cache(
     assert summary["resumed_from_batch"] == 6  # the epoch-end checkpoint after batch 5
     cached = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.state.name == "Cached")
     assert cached == ["batches 6-6", "batches 7-7", "batches 8-8"]  # same worker incarnation: correct to reuse
-    reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
+    reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
 
 
@@ -221,7 +216,7 @@ def test_a_cache_hit_after_restore_cannot_skip_work(
         model=space["span"],
         train_data=space["inputs"]["train"],
         valid_data=space["inputs"]["valid"],
-        config=config(),
+        config=training_config(),
         run_key="span-cache",
         storage=str(space["root"] / "runs"),
         checkpoint_every=0,
@@ -236,7 +231,7 @@ def test_a_cache_hit_after_restore_cannot_skip_work(
     assert [runs[f"batches {i}-{i}"].state.name for i in range(6, 11)] == ["Cached"] * 4 + ["Completed"]
     with_replay = runs["batches 10-10"].state.result()
     assert with_replay["replayed"] == 4  # batches 6-9 were skipped by the cache and replayed by the worker
-    reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
+    reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
 
 
@@ -266,7 +261,7 @@ def test_cache_key_changes_with_every_worker_incarnation(space: dict[str, Any]) 
 
 
 def test_early_stopping_is_checkpointed_and_exports_the_best(space: dict[str, Any]) -> None:
-    cfg = config(
+    cfg = training_config(
         eval_strategy="steps",
         eval_steps=1,
         early_stopping=True,
@@ -291,11 +286,13 @@ def test_early_stopping_is_checkpointed_and_exports_the_best(space: dict[str, An
 
 def test_refusals(space: dict[str, Any]) -> None:
     storage = str(space["root"] / "refusals")
-    base = dict(model=space["span"], train_data=space["inputs"]["train"], config=config(), storage=storage)
+    base = dict(model=space["span"], train_data=space["inputs"]["train"], config=training_config(), storage=storage)
     for bad in ("../x", "a/b", "", ".hidden", "x" * 129, "semi;colon"):
         with pytest.raises(RunKeyError, match="invalid run key"):
             run_flow(**base, run_key=bad)
-    other = ManagedTrainingPlan(tiny_records(10, seed=1), TrainingConfig.from_dict(config()), architecture="span")
+    other = ManagedTrainingPlan(
+        tiny_records(10, seed=1), TrainingConfig.from_dict(training_config()), architecture="span"
+    )
     run_dir = RunDirectory(storage, "taken")
     run_dir.create()
     run_dir.ensure_manifest(other.manifest_bytes())
@@ -325,7 +322,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
             model=space["span"],
             train_data=space["inputs"]["train"],
             valid_data=space["inputs"]["valid"],
-            config=config(),
+            config=training_config(),
             run_key="span-tampered",
             storage=str(storage),
             checkpoint_every=2,
@@ -344,7 +341,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
             model=space["span"],
             train_data=space["inputs"]["train"],
             valid_data=space["inputs"]["valid"],
-            config=config(),
+            config=training_config(),
             run_key="span-tampered",
             storage=str(storage),
             checkpoint_every=2,
@@ -354,7 +351,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
     assert json.loads((run / "cursor.json").read_text())["checkpoint"] == "step-000002-batch-000003"
 
 
-# ---- run directory, durable cursor, lease and schedule (no training) --------------------------------------------
+# ---- run directory and durable cursor (no training; the lease and the schedule: test_lease.py, test_schedule.py) -----
 
 
 def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path) -> None:
@@ -378,81 +375,3 @@ def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path)
     (tmp_path / "r" / ".cursor.json.x.tmp").write_text("")
     assert sorted(run_dir.remove_debris()) == [".cursor.json.x.tmp", ".step-000001-batch-000001.partial-1-ab"]
     assert _mode(tmp_path / "r") == 0o700 and _mode(tmp_path / "r" / "cursor.json") == 0o600
-
-
-def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from _flow_helpers import ROOT, pid_gone
-
-    run_dir = RunDirectory(str(tmp_path), "leased")
-    run_dir.create()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from prefect_gliner2.runtime.lease import RunLease; "
-            "from prefect_gliner2.runtime.rundir import RunDirectory; "
-            f"RunLease(RunDirectory({str(tmp_path)!r}, 'leased'), flow_run_id='holder').acquire(); "
-            "print('held', flush=True); "
-            "time.sleep(600)",
-        ],
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    with pytest.raises(RunLockedError, match=f"pid {holder.pid} .*flow run holder"):
-        RunLease(run_dir).acquire()
-    holder.kill()  # kill -9: the kernel drops the flock
-    holder.wait(10)
-    assert pid_gone(holder.pid)
-    with RunLease(run_dir) as lease:
-        assert lease.held
-
-
-def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
-    import uuid
-
-    storage = f"memory://leases-{uuid.uuid4().hex}"
-    run_dir = RunDirectory(storage, "remote")
-    run_dir.create()
-    first = RunLease(run_dir, flow_run_id="one", ttl=0.6)
-    first.acquire()
-    with pytest.raises(RunLockedError, match="flow run one"):
-        RunLease(run_dir, ttl=0.6).acquire()
-    time.sleep(1.0)  # the heartbeat keeps renewing it
-    with pytest.raises(RunLockedError):
-        RunLease(run_dir, ttl=0.6).acquire()
-    first._stop.set()  # the holder "dies": no more heartbeats
-    time.sleep(1.0)
-    second = RunLease(run_dir, flow_run_id="two", ttl=0.6)
-    second.acquire()  # the stale lease is taken over
-    time.sleep(0.1)
-    first._stop.clear()
-    first._heartbeat_once()
-    with pytest.raises(RunLockedError, match="taken over"):
-        first.check()
-    second.release()
-
-
-def test_schedule_units_never_straddle_validation_or_checkpoints(space: dict[str, Any]) -> None:
-    from prefect_gliner2.runtime.schedule import Unit, units
-
-    plan = ManagedTrainingPlan(space["inputs"]["train"], TrainingConfig.from_dict(config()), architecture="span")
-    found = list(units(plan, 4, batches_per_task=3, checkpoint_every=2, validate=True))
-    assert found == [
-        Unit("advance", 4, 5),
-        Unit("validate", 5, 5),
-        Unit("checkpoint", 5, 5, 3),
-        Unit("advance", 6, 7),
-        Unit("checkpoint", 7, 7, 4),
-        Unit("advance", 8, 10),
-        Unit("advance", 11, 11),
-        Unit("validate", 11, 11),
-        Unit("checkpoint", 11, 11, 6),
-    ]
-    per_batch = list(units(plan, 0, batches_per_task=1, checkpoint_every=0, validate=False))
-    assert [u.through for u in per_batch if u.kind == "advance"] == list(range(12))
-    assert [u.through for u in per_batch if u.kind == "checkpoint"] == [5, 11]

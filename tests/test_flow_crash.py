@@ -16,21 +16,12 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from _flow_helpers import (
-    ROOT,
-    assert_same_export,
-    config,
-    flow_child,
-    kill9,
-    make_space,
-    pid_gone,
-    reference_export,
-    run_flow,
-    wait_for_marker,
-)
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
 from prefect_gliner2.session_core import layout
+
+from support.config import training_config
+from support.flow import ROOT, assert_same_export, flow_child, make_space, reference_export, run_flow, wait_for_marker
+from support.processes import kill9, pid_gone
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -58,14 +49,14 @@ def _cursor(run: Path) -> dict[str, Any]:
     return json.loads((run / "cursor.json").read_text())
 
 
-def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], prefect_server: str) -> None:  # noqa: F811
+def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], prefect_server: str) -> None:
     storage = space["root"] / "runs"
     run = storage / "crash-boundary"
     params = dict(
         model=space["boundary"],
         train_data=space["inputs"]["train"],
         valid_data=space["inputs"]["valid"],
-        config=config(),
+        config=training_config(),
         run_key="crash-boundary",
         storage=str(storage),
         checkpoint_every=2,
@@ -99,15 +90,15 @@ def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], 
 
     summary = run_flow(**params)  # a new flow run with the same run key finishes the job
     assert summary["resumed_from_batch"] == 12 and not any(layout.is_debris(p.name) for p in run.iterdir())
-    reference = reference_export(space["boundary"], space["inputs"], config(), space["root"] / "ref-boundary")
+    reference = reference_export(space["boundary"], space["inputs"], training_config(), space["root"] / "ref-boundary")
     assert_same_export(summary["export"], reference)
 
 
-def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str, Any], prefect_server: str) -> None:  # noqa: F811
+def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str, Any], prefect_server: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
-    cfg = config(use_lora=True)
+    cfg = training_config(use_lora=True)
     params = dict(
         model=space["span"],
         train_data=space["inputs"]["train"],

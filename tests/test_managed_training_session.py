@@ -8,7 +8,16 @@ import os
 import pytest
 import safetensors.torch
 import torch
-from _session_helpers import (
+
+from prefect_gliner2.session_core import (
+    ConfigError,
+    ManagedTraining,
+    PlanMismatchError,
+    SessionStateError,
+    TrainingSession,
+)
+
+from support.session import (
     CASE_IDS,
     CASES,
     assert_bitwise_equal,
@@ -19,14 +28,6 @@ from _session_helpers import (
     run_child,
     run_direct,
     snapshot,
-)
-
-from prefect_gliner2.session_core import (
-    ConfigError,
-    ManagedTraining,
-    PlanMismatchError,
-    SessionStateError,
-    TrainingSession,
 )
 
 EVAL = {"eval_strategy": "epoch"}
@@ -118,7 +119,7 @@ def test_exact_continuation_from_managed_checkpoints(arch, lora, point, tmp_path
     expected = snapshot(run.session)
 
     child = run_child(
-        "_session_child.py",
+        "session_child",
         {
             "arch": arch,
             "lora": lora,
@@ -190,7 +191,7 @@ def test_early_stopping_counters_survive_a_resume_between_non_improving_validati
     result = run.run()
     expected = snapshot(run.session)
     child = run_child(
-        "_session_child.py",
+        "session_child",
         {
             "arch": "span",
             "lora": False,

@@ -11,12 +11,13 @@ import random
 
 import pytest
 import torch
-from _session_helpers import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct, train_records
 from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, ExtractorTrainer
 from gliner2.training.trainer import TrainingConfig as NativeConfig
 
 from prefect_gliner2.session_core import TrainingSession
 from prefect_gliner2.session_core.engine import private_python_rng
+
+from support.session import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct, train_records
 
 
 class PlanOrderTrainer(ExtractorTrainer):

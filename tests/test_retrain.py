@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _flow_helpers import THREADS, config, write_jsonl
-from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
 from prefect_gliner2.flows import retrain
 from prefect_gliner2.flows.retrain import data_fingerprint, decide, inputs_fingerprint, retrain_flow
@@ -18,6 +16,9 @@ from prefect_gliner2.flows.train import TrainingConfigModel
 from prefect_gliner2.model_registry import ModelRegistry
 from prefect_gliner2.runtime.errors import RunConflictError
 from prefect_gliner2.session_core.tiny import tiny_records
+
+from support.config import training_config
+from support.flow import THREADS, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -47,7 +48,7 @@ def _retrain(root: Path, train: str, valid: str, **overrides: Any) -> dict[str, 
         valid_data=valid,
         registry_root=str(root / "registry"),
         base_model="tiny:span",
-        config=config(num_epochs=1),
+        config=training_config(num_epochs=1),
         storage=str(root / "runs"),
         cpu_threads=THREADS,
     )
@@ -126,7 +127,7 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         )
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(8, seed=7))
-    promoted = _retrain(tmp_path, str(train), valid, config=config(num_epochs=2))
+    promoted = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2))
     assert (promoted["status"], promoted["version"], promoted["current"], promoted["previous"]) == (
         "promoted",
         "v000003",
@@ -139,8 +140,8 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert [e["resource"]["version"] for e in events] == ["v000001", "v000003"]
 
     # same data, other training settings: a new candidate (never a conflict with the earlier run key)
-    assert _retrain(tmp_path, str(train), valid, config=config(num_epochs=2))["status"] == "unchanged"
-    settings = _retrain(tmp_path, str(train), valid, config=config(num_epochs=1), margin=1e6)
+    assert _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2))["status"] == "unchanged"
+    settings = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=1), margin=1e6)
     assert (settings["status"], settings["version"], settings["current"]) == ("rejected", "v000004", "v000003")
     v4 = registry.get("v000004")
     assert v4.lineage["data_fingerprint"] == registry.get("v000003").lineage["data_fingerprint"]
@@ -156,7 +157,7 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
     (model / "config.json").write_text("{}")
     registry = ModelRegistry(str(tmp_path / "registry"), NAME)
     data = data_fingerprint(train, valid)
-    training = TrainingConfigModel.model_validate(config(num_epochs=1)).to_training_config()
+    training = TrainingConfigModel.model_validate(training_config(num_epochs=1)).to_training_config()
     inputs = inputs_fingerprint(data, training, "tiny:span")
     registry.register(str(model), {**data, "inputs_fingerprint": inputs, "promoted": True})
     assert registry.current() is None

@@ -11,18 +11,6 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-from _session_helpers import (
-    CASE_IDS,
-    CASES,
-    assert_bitwise_equal,
-    make_config,
-    make_model,
-    make_plan,
-    run_child,
-    run_direct,
-    snapshot,
-    train_records,
-)
 
 from prefect_gliner2.session_core import (
     AdapterMismatchError,
@@ -37,6 +25,19 @@ from prefect_gliner2.session_core import (
     TrainingSession,
     WeightsError,
     load_exported_model,
+)
+
+from support.session import (
+    CASE_IDS,
+    CASES,
+    assert_bitwise_equal,
+    make_config,
+    make_model,
+    make_plan,
+    run_child,
+    run_direct,
+    snapshot,
+    train_records,
 )
 
 
@@ -58,7 +59,7 @@ def test_exact_continuation_in_a_fresh_process_from_mid_window(arch, lora, tmp_p
     assert session.step == plan.max_steps
 
     child = run_child(
-        "_session_child.py",
+        "session_child",
         {
             "arch": arch,
             "lora": lora,

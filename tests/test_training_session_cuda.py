@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 import safetensors.torch
 import torch
-from _session_helpers import (
+
+from prefect_gliner2.session_core import TrainingSession
+
+from support.session import (
     assert_bitwise_equal,
     make_config,
     make_model,
@@ -19,8 +22,6 @@ from _session_helpers import (
     run_direct,
     snapshot,
 )
-
-from prefect_gliner2.session_core import TrainingSession
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
@@ -55,7 +56,7 @@ def test_cuda_exact_continuation_and_export(arch, precision, lora, tmp_path):
     session.export_weights(str(tmp_path / "export"))
 
     child = run_child(
-        "_session_child.py",
+        "session_child",
         {
             "arch": arch,
             "lora": lora,

@@ -8,17 +8,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _flow_helpers import (
-    ROOT,
-    THREADS,
-    assert_same_export,
-    config,
-    make_inputs,
-    pid_gone,
-    reference_export,
-    tiny_model_dir,
-    wait_for_marker,
-)
 
 from prefect_gliner2.runtime.errors import StorageFullError, WorkerDied, WorkerError, is_transient
 from prefect_gliner2.runtime.rundir import RunDirectory
@@ -26,13 +15,25 @@ from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.errors import CheckpointError
 
+from support.config import training_config
+from support.flow import (
+    ROOT,
+    THREADS,
+    assert_same_export,
+    make_inputs,
+    reference_export,
+    tiny_model_dir,
+    wait_for_marker,
+)
+from support.processes import pid_gone
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A span run directory with a manifest (12 records, batch 2, accumulation 2, 2 epochs: 12 batches)."""
     root = tmp_path_factory.mktemp("worker")
     inputs = make_inputs(root / "data")
-    cfg = config()
+    cfg = training_config()
     plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture="span")
     run_dir = RunDirectory(str(root / "runs"), "w")
     run_dir.create()
@@ -94,7 +95,7 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(
         worker.call("export", uri=str(tmp_path / "export"), which="best")
     finally:
         worker.close()
-    direct = reference_export(run["model"], run, config(), tmp_path / "direct")
+    direct = reference_export(run["model"], run, training_config(), tmp_path / "direct")
     assert_same_export(str(tmp_path / "export"), direct)
 
 
@@ -190,7 +191,7 @@ def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path:
     from prefect_gliner2.session_core.tiny import save_tiny_model
 
     inputs = make_inputs(tmp_path / "data")
-    cfg = config(use_lora=True, lora_r=4, lora_alpha=8.0)
+    cfg = training_config(use_lora=True, lora_r=4, lora_alpha=8.0)
     plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture="span")
     run_dir = RunDirectory(str(tmp_path / "runs"), "lora-init")
     run_dir.create()

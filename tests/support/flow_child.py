@@ -1,6 +1,7 @@
-"""Run train_flow in this fresh interpreter (used by crash tests): argv[1] is the JSON of the flow's parameters.
+"""Run train_flow in this fresh interpreter (crash tests, the chaos engine): argv[1] is the flow parameters' JSON.
 
-Uses PREFECT_API_URL from the environment (the test server) with flow-run heartbeats off; prints the summary JSON.
+Run as ``python -m support.flow_child`` with tests/ on PYTHONPATH. Uses PREFECT_API_URL from the environment (the
+test server) with flow-run heartbeats off; prints the summary JSON.
 """
 
 from __future__ import annotations

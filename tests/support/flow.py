@@ -1,5 +1,5 @@
-"""Shared helpers for worker/flow/CLI tests: tiny inputs, direct reference runs, bitwise export comparison,
-subprocess flows and waiting for test-hook markers."""
+"""Worker/flow/CLI test support: tiny inputs, direct reference runs, bitwise export comparison, subprocess flows
+and waiting for test-hook markers."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from chaos import kill9, pid_gone  # noqa: E402,F401  (the chaos suite's process helpers, re-exported for the tests)
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
 
 THREADS = 1
 _REFERENCES: dict[tuple[Any, ...], str] = {}
@@ -43,27 +42,6 @@ def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict
         "train": write_jsonl(directory / "train.jsonl", tiny_records(n_train, seed=5)),
         "valid": write_jsonl(directory / "valid.jsonl", tiny_records(n_valid, seed=99)),
     }
-
-
-def config(**overrides: Any) -> dict[str, Any]:
-    values: dict[str, Any] = dict(
-        fp16=False,
-        bf16=False,
-        batch_size=2,
-        gradient_accumulation_steps=2,
-        num_epochs=2,
-        eval_strategy="epoch",
-        seed=11,
-        encoder_lr=1e-3,
-        task_lr=2e-3,
-        warmup_ratio=0.2,
-        lora_r=4,
-        lora_alpha=8.0,
-    )
-    values.update(overrides)
-    if values.get("use_lora"):
-        values.setdefault("lora_dropout", 0.1)
-    return values
 
 
 def tiny_model_dir(root: Path, architecture: str) -> str:
@@ -137,11 +115,11 @@ def run_flow(**params: Any) -> dict[str, Any]:
 
 
 def flow_child(params: dict[str, Any], env: dict[str, str], api_url: str) -> subprocess.Popen[str]:
-    """Run train_flow in a fresh interpreter (tests/_flow_child.py) against the shared test server."""
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api_url, **env)
+    """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the shared test server."""
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PREFECT_API_URL=api_url, **env)
     params = {"cpu_threads": THREADS, **params}
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "_flow_child.py"), json.dumps(params)],
+        [sys.executable, "-m", "support.flow_child", json.dumps(params)],
         cwd=str(ROOT),
         env=full_env,
         stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Shared fixtures for session tests: tiny configs, plans, direct loops, snapshots and bitwise comparisons."""
+"""Session test support: tiny configs, models and plans, direct loops, snapshots, bitwise comparisons, children."""
 
 from __future__ import annotations
 
@@ -14,31 +14,21 @@ import torch
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.tiny import build_tiny_model, tiny_records
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.config import training_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
 CASES = [("span", False), ("span", True), ("boundary", False), ("boundary", True)]
 CASE_IDS = [f"{a}-{'lora' if lora else 'full'}" for a, lora in CASES]
 
 
+# The session tests' plan shape: 3 micro-batches per update, no validation points, an output_dir never written.
+SESSION_SHAPE: dict[str, Any] = {"output_dir": "unused", "gradient_accumulation_steps": 3, "eval_strategy": "no"}
+
+
 def make_config(architecture: str, lora: bool, **overrides: Any) -> TrainingConfig:
-    values: dict[str, Any] = dict(
-        output_dir="unused",
-        fp16=False,
-        bf16=False,
-        batch_size=2,
-        gradient_accumulation_steps=3,
-        num_epochs=2,
-        eval_strategy="no",
-        seed=11,
-        encoder_lr=1e-3,
-        task_lr=2e-3,
-        warmup_ratio=0.2,
-        use_lora=lora,
-        lora_r=4,
-        lora_alpha=8.0,
-        lora_dropout=0.1 if lora else 0.0,
-    )
-    values.update(overrides)
-    return TrainingConfig(**values)
+    """The one test config (``support.config.training_config``) in the session tests' shape, as a TrainingConfig."""
+    return TrainingConfig(**training_config(**{**SESSION_SHAPE, "use_lora": lora, **overrides}))
 
 
 def make_model(architecture: str, directory: str | None = None) -> Any:
@@ -87,11 +77,11 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert not differing, f"{len(differing)} tensors differ, e.g. {differing[:5]}"
 
 
-def run_child(script: str, args: dict[str, Any], timeout: int = 300) -> dict[str, Any]:
-    """Run `tests/<script>` in a fresh interpreter with JSON args; returns its JSON result."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="123")
+def run_child(module: str, args: dict[str, Any], timeout: int = 300) -> dict[str, Any]:
+    """Run ``python -m support.<module>`` in a fresh interpreter with JSON args; returns its JSON result."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PYTHONHASHSEED="123")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / script), json.dumps(args)],
+        [sys.executable, "-m", f"support.{module}", json.dumps(args)],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -1,8 +1,9 @@
 """Fresh-process continuation: rebuild the same session, load a checkpoint, finish the plan, report.
 
-Usage: python tests/_session_child.py '{"arch": "span", "lora": false, "checkpoint": "...", "out": "...",
+Usage, with tests/ on PYTHONPATH:
+    python -m support.session_child '{"arch": "span", "lora": false, "checkpoint": "...", "out": "...",
         "mode": "direct" | "managed", "start": 4, "config": {...}, "train_n": 9, "eval": true}'
-Prints one JSON line; writes the snapshot (see _session_helpers.snapshot) to `out` as safetensors.
+Prints one JSON line; writes the snapshot (see support.session.snapshot) to `out` as safetensors.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 import sys
 
 import safetensors.torch
-from _session_helpers import eval_records, make_config, make_model, make_plan, run_direct, snapshot
 
 from prefect_gliner2.session_core import ManagedTraining, TrainingSession
+
+from support.session import eval_records, make_config, make_model, make_plan, run_direct, snapshot
 
 
 def main() -> None:

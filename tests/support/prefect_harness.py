@@ -1,0 +1,30 @@
+"""A local Prefect test server with flow-run heartbeats off: the ``prefect_server`` fixture and the chaos CLI use it.
+
+The server is ``prefect_test_harness`` (SQLite, loopback). Flow-run heartbeats are switched off in this process
+(``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` cannot be unset from the environment): each flow run would otherwise pay
+about a second joining its heartbeat thread. Subprocess flows reach the same server through the yielded API URL
+(``PREFECT_API_URL``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+__all__ = ["local_prefect_server"]
+
+
+@contextlib.contextmanager
+def local_prefect_server() -> Iterator[str]:
+    """Start a throwaway Prefect server for this process, yield its API URL, stop it on exit."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    import prefect.settings as settings
+    from prefect.settings import temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
+        yield str(settings.PREFECT_API_URL.value())

@@ -1,0 +1,117 @@
+"""The flow's unit schedule (runtime/schedule.py) on real torch-free plans: no model, no worker, no Prefect server."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.runtime.schedule import Unit, is_checkpoint_point, unit_op, units
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.tiny import tiny_records
+
+from support.config import training_config
+
+
+def _plan(n: int = 12, **overrides: Any) -> ManagedTrainingPlan:
+    """12 records, batch 2, accumulation 2, 2 epochs (the flow tests' plan): 12 batches, updates after odd ones."""
+    return ManagedTrainingPlan(tiny_records(n, seed=5), TrainingConfig(**training_config(**overrides)), "span")
+
+
+def test_units_never_straddle_validation_or_checkpoints() -> None:
+    plan = _plan()
+    found = list(units(plan, 4, batches_per_task=3, checkpoint_every=2, validate=True))
+    assert found == [
+        Unit("advance", 4, 5),
+        Unit("validate", 5, 5),
+        Unit("checkpoint", 5, 5, 3),
+        Unit("advance", 6, 7),
+        Unit("checkpoint", 7, 7, 4),
+        Unit("advance", 8, 10),
+        Unit("advance", 11, 11),
+        Unit("validate", 11, 11),
+        Unit("checkpoint", 11, 11, 6),
+    ]
+    per_batch = list(units(plan, 0, batches_per_task=1, checkpoint_every=0, validate=False))
+    assert [u.through for u in per_batch if u.kind == "advance"] == list(range(12))
+    assert [u.through for u in per_batch if u.kind == "checkpoint"] == [5, 11]
+
+
+def test_checkpoint_points_are_epoch_ends_and_every_nth_update() -> None:
+    plan = _plan()
+    assert [i for i in range(12) if is_checkpoint_point(plan, i, 0)] == [5, 11]  # epoch ends only
+    assert [i for i in range(12) if is_checkpoint_point(plan, i, 1)] == [1, 3, 5, 7, 9, 11]  # every update
+    assert [i for i in range(12) if is_checkpoint_point(plan, i, 2)] == [3, 5, 7, 11]  # steps 2, 4, 6 + epoch end
+    uneven = _plan(10, gradient_accumulation_steps=3)  # 5 batches per epoch: windows 3 + 2 (the last one flushed)
+    assert [i for i in range(10) if uneven.is_update(i)] == [2, 4, 7, 9]
+    assert [i for i in range(10) if is_checkpoint_point(uneven, i, 3)] == [4, 7, 9]  # step 3 is batch 7's update
+
+
+SHAPES = [
+    {},
+    {"gradient_accumulation_steps": 3},
+    {"gradient_accumulation_steps": 1, "num_epochs": 3},
+    {"eval_strategy": "steps", "eval_steps": 2},
+    {"eval_strategy": "no", "batch_size": 3},
+]
+
+
+# (plan shape, batches per task, checkpoint every n updates, validate)
+CASES = list(itertools.product(SHAPES, (1, 2, 5, 100), (0, 1, 3), (True, False)))
+
+
+@pytest.mark.parametrize(("shape", "per_task", "every", "validate"), CASES)
+def test_units_cover_the_plan_once_in_order_with_every_point_in_place(
+    shape: dict[str, Any], per_task: int, every: int, validate: bool
+) -> None:
+    plan = _plan(11, **shape)
+    for start in range(plan.batch_count):
+        found = list(units(plan, start, batches_per_task=per_task, checkpoint_every=every, validate=validate))
+        advances = [u for u in found if u.kind == "advance"]
+        assert [i for u in advances for i in range(u.first, u.through + 1)] == list(range(start, plan.batch_count))
+        assert all(1 <= u.through - u.first + 1 <= per_task for u in advances)
+        for u in advances:  # a validation or checkpoint point can only be the last batch of an advance
+            inner = range(u.first, u.through)
+            assert not any(is_checkpoint_point(plan, i, every) or (validate and plan.is_validation(i)) for i in inner)
+        expected: list[Unit] = []
+        for i in range(start, plan.batch_count):
+            if validate and plan.is_validation(i):
+                expected.append(Unit("validate", i, i))
+            if is_checkpoint_point(plan, i, every):
+                expected.append(Unit("checkpoint", i, i, plan.step_after(i)))
+        assert [u for u in found if u.kind != "advance"] == expected
+        for position, unit in enumerate(found):  # each point right after the advance (or validation) it follows
+            if unit.kind != "advance":
+                before = found[position - 1]
+                assert before.through == unit.through and (before.kind, unit.kind) != ("checkpoint", "validate")
+        assert found[-1] == Unit("checkpoint", plan.batch_count - 1, plan.batch_count - 1, plan.max_steps)
+
+
+@pytest.mark.parametrize("per_task", [1, 3, 100])
+def test_resuming_after_a_checkpoint_continues_the_same_schedule(per_task: int) -> None:
+    """From the batch after any checkpoint, the units are exactly the rest of an uninterrupted run's units."""
+    plan = _plan(11, gradient_accumulation_steps=3)
+    full = list(units(plan, 0, batches_per_task=per_task, checkpoint_every=1, validate=True))
+    for position, unit in enumerate(full[:-1]):
+        if unit.kind == "checkpoint":
+            resumed = units(plan, unit.through + 1, batches_per_task=per_task, checkpoint_every=1, validate=True)
+            assert list(resumed) == full[position + 1 :], f"resumed after {unit}"
+
+
+def test_units_are_lazy_and_empty_at_the_end() -> None:
+    plan = _plan()
+    lazy = units(plan, 0, batches_per_task=1, checkpoint_every=0, validate=True)
+    assert iter(lazy) is lazy and next(lazy) == Unit("advance", 0, 0)
+    assert list(units(plan, plan.batch_count, batches_per_task=1, checkpoint_every=0, validate=True)) == []
+
+
+def test_unit_op_is_the_worker_operation_of_a_unit(tmp_path: Any) -> None:
+    run_dir = RunDirectory(str(tmp_path), "r")
+    assert unit_op(Unit("advance", 4, 6), run_dir) == ("advance", {"first": 4, "through": 6})
+    assert unit_op(Unit("validate", 5, 5), run_dir) == ("validate", {"index": 5})
+    op, kwargs = unit_op(Unit("checkpoint", 5, 5, 3), run_dir)
+    assert (op, kwargs["index"]) == ("checkpoint", 5)
+    assert kwargs["uri"] == run_dir.checkpoint_uri("step-000003-batch-000005")
+    assert kwargs["uri"].endswith("/r/checkpoints/step-000003-batch-000005")
