@@ -316,3 +316,8 @@ def _manifest_difference(run_key: str, uri: str, existing: bytes, requested: byt
         f"run key {run_key!r} at {uri} already holds a different manifest (its {what} differ: {', '.join(keys[:8])}); "
         "a run key belongs to exactly one plan. Resume with the original data and config, or choose a new run key"
     )
+
+
+def absolute_uri(uri: str) -> str:
+    """A local path made absolute (``~`` expanded); a URL with a protocol as it is."""
+    return uri if "://" in uri else os.path.abspath(os.path.expanduser(uri))
