@@ -77,24 +77,9 @@ def test_decide() -> None:
     assert decide(0.9, 0.5, greater_is_better=True, margin=0.1)[0]
 
 
-class _ModelEvents(list):  # type: ignore[type-arg]
+def _model_events(emitted: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The model.* events among everything emitted (the training subflows emit run events too)."""
-
-    def __init__(self, emitted: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.emitted = emitted
-
-    def _model(self) -> list[dict[str, Any]]:
-        return [e for e in self.emitted if e["event"].startswith("prefect-gliner2.model.")]
-
-    def __iter__(self) -> Any:
-        return iter(self._model())
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._model()[index]
-
-    def __len__(self) -> int:
-        return len(self._model())
+    return [e for e in emitted if e["event"].startswith("prefect-gliner2.model.")]
 
 
 def _assert_labels(flow_run_id: str, expected: dict[str, Any]) -> None:
@@ -110,7 +95,6 @@ def _assert_labels(flow_run_id: str, expected: dict[str, Any]) -> None:
 def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     emitted: list[dict[str, Any]] = []
     monkeypatch.setattr(flow_events, "emit_event", lambda **kw: emitted.append(kw))
-    events = _ModelEvents(emitted)
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(4, seed=99))
     train = tmp_path / "train.jsonl"
     write_jsonl(train, tiny_records(8, seed=5))
@@ -129,13 +113,13 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert set(v1.lineage["metrics"]) == {"candidate"}
     # the held-out score is the training run's own best validation metric (same weights, same batches)
     assert v1.lineage["metrics"]["candidate"]["eval_loss"] == v1.lineage["training"]["best_metric"]
+    events = _model_events(emitted)
     assert [e["event"] for e in events] == ["prefect-gliner2.model.promoted"]
     assert events[0]["resource"]["prefect.resource.id"] == f"prefect-gliner2.model.{NAME}"
     assert v1.uri == str(tmp_path / "registry" / NAME / "versions" / "v000001") == events[0]["payload"]["uri"]
     assert events[0]["payload"]["registry"] == str(tmp_path / "registry")
-    _assert_labels(
-        events[0]["payload"]["flow_run_id"], {"prefect-gliner2.model": NAME, "prefect-gliner2.version": "v000001"}
-    )
+    labels = {"prefect-gliner2.model": NAME, "prefect-gliner2.version": "v000001"}
+    _assert_labels(events[0]["payload"]["flow_run_id"], labels)
 
     started = time.monotonic()
     same = _retrain(tmp_path, str(train), valid)
@@ -152,6 +136,7 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     # the current model scores exactly what it scored as a candidate
     assert v2.lineage["metrics"]["current"]["eval_loss"] == v1.lineage["metrics"]["candidate"]["eval_loss"]
     assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
+    events = _model_events(emitted)
     assert [e["event"] for e in events][1:] == ["prefect-gliner2.model.rejected"]
     assert events[1]["payload"]["uri"] == v2.uri and events[1]["payload"]["previous_uri"] == v1.uri
 
@@ -174,7 +159,7 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     scores = promoted["metrics"]
     assert scores["candidate"]["eval_loss"] < scores["current"]["eval_loss"]
     assert json.loads((tmp_path / "registry" / NAME / "CURRENT.json").read_text())["previous"] == "v000001"
-    assert [(e["event"].rsplit(".", 1)[-1], e["resource"]["version"]) for e in events] == [
+    assert [(e["event"].rsplit(".", 1)[-1], e["resource"]["version"]) for e in _model_events(emitted)] == [
         ("promoted", "v000001"),
         ("rejected", "v000002"),
         ("promoted", "v000003"),
