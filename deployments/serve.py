@@ -4,8 +4,9 @@
     python -m prefect_gliner2.deployments.serve --parameters overrides.json
         # {"retrain-nightly": {"train_data": ...}, ...}
 
-The deployments get the names, tags, parameters, schedules and concurrency limits that ``deployments/prefect.yaml``
-declares, so both ways of running behave the same. Flow runs execute in subprocesses of this process.
+The deployments get the names, tags, parameters, schedules, triggers and concurrency limits that
+``deployments/prefect.yaml`` declares, so both ways of running behave the same. Flow runs execute in
+subprocesses of this process.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def load_deployment_specs(path: str = PREFECT_FILE) -> list[dict[str, Any]]:
 def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None, path: str = PREFECT_FILE) -> list[Any]:
     """One RunnerDeployment per prefect.yaml entry; `parameters[name]` overrides that deployment's defaults."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig
+    from prefect.events import DeploymentEventTrigger
     from prefect.schedules import Cron
 
     overrides = dict(parameters or {})
@@ -52,6 +54,7 @@ def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None,
             if isinstance(limit, dict)
             else limit
         )
+        triggers = [DeploymentEventTrigger.model_validate(item) for item in spec.get("triggers") or []]
         built.append(
             flow.to_deployment(
                 name=spec["name"],
@@ -61,6 +64,7 @@ def build_deployments(parameters: Mapping[str, Mapping[str, Any]] | None = None,
                 schedules=schedules,
                 concurrency_limit=concurrency,
                 enforce_parameter_schema=bool(spec.get("enforce_parameter_schema", True)),
+                triggers=triggers,
             )
         )
     if overrides:

@@ -142,8 +142,9 @@ def _train(args: Any) -> int:
     prepared = prepare_run(args.model, _one(train), _one(valid), config, args.run_key, args.storage)
     if prepared.manifest is not None and prepared.run_dir.exists(MANIFEST_FILE):
         prepared.run_dir.ensure_manifest(prepared.manifest)  # refuses a different plan before Prefect starts
+    from prefect_gliner2.flows.params import TrainingSettings
     from prefect_gliner2.flows.reporting import add_listener, remove_listener
-    from prefect_gliner2.flows.train import TrainingConfigModel, train_flow
+    from prefect_gliner2.flows.train import train_flow
 
     bar = ProgressBar(sys.stderr)
     add_listener(bar)
@@ -153,7 +154,7 @@ def _train(args: Any) -> int:
                 model=args.model,
                 train_data=_one(train),
                 valid_data=_one(valid),
-                config=TrainingConfigModel.model_validate(config),
+                config=TrainingSettings.model_validate(config),
                 run_key=prepared.run_dir.run_key,
                 storage=args.storage,
                 checkpoint_every=args.checkpoint_every,

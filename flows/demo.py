@@ -54,7 +54,8 @@ def write_demo_inputs(directory: str, *, train_records: int = 32, valid_records:
 
 def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
     """Run the demo flow; returns the flow's summary (``export`` is the trained model)."""
-    from prefect_gliner2.flows.train import TrainingConfigModel, train_flow
+    from prefect_gliner2.flows.params import TrainingSettings
+    from prefect_gliner2.flows.train import train_flow
     from prefect_gliner2.runtime.errors import RunConflictError
     from prefect_gliner2.session_core import TrainingConfig
 
@@ -66,7 +67,7 @@ def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
             model="tiny:span",
             train_data=paths["train"],
             valid_data=paths["valid"],
-            config=TrainingConfigModel.model_validate(config),
+            config=TrainingSettings.model_validate(config),
             run_key="demo",
             storage=os.path.join(directory, "runs"),
             export_to=os.path.join(directory, "model"),

@@ -9,6 +9,7 @@ an API error is logged and training goes on.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import queue
 import re
@@ -18,9 +19,12 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-__all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener"]
+__all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener", "rounded", "validation_rows"]
 
 logger = logging.getLogger(__name__)
+NAME_LABEL = "prefect-gliner2.flow-run-name"  # the name Prefect generated (the run name shows the position)
+RESUMES_LABEL = "prefect-gliner2.resumes"  # the flow run that held this run key before
+RESUMED_BY_LABEL = "prefect-gliner2.resumed-by"  # on that earlier run: the flow run that continued it
 Listener = Callable[[str, dict[str, Any]], None]
 _LISTENERS: list[Listener] = []
 _TABLE_KEYS = (
@@ -44,10 +48,19 @@ def remove_listener(listener: Listener) -> None:
         _LISTENERS.remove(listener)
 
 
-def artifact_key(run_key: str, what: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", run_key.lower()).strip("-") or "run"
+def artifact_key(scope: str, what: str) -> str:
+    """The one artifact key pattern: ``gliner2-<scope>-<what>``, scope a run key (training runs) or
+    ``model-<name>`` (retraining), lowercased with every run of other characters made one dash (keys allow
+    lowercase letters, digits and dashes only)."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", scope.lower()).strip("-") or "run"
     return f"gliner2-{slug}-{what}"
+
+
+def rounded(value: Any, digits: int = 6) -> Any:
+    """Floats to `digits` significant digits (for what people read); everything else as it is."""
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return float(f"{value:.{digits}g}")
+    return value
 
 
 class _Lane:
@@ -102,63 +115,121 @@ class RunReporter:
     """Reports one run's position to Prefect (when inside a flow run) and to in-process listeners.
 
     Listeners are called at once, in the flow's thread. Prefect API calls run on background threads (with the flow
-    run's context), so a busy server never stalls training: artifacts and the run name in order on one lane,
-    which ``finish`` waits for (bounded); labels, best effort, on another (a busy SQLite server can take seconds to
-    patch labels), awaited only briefly.
+    run's context), so a busy server never stalls training: artifacts and the run name in order on one lane;
+    labels on another (a busy SQLite server can take seconds to patch labels). ``finish`` waits for both
+    (bounded), so a finished run shows its final position. Each run key has one progress, one validation and one
+    summary artifact, updated in place (a resumed run continues the ones its crashed run created).
     """
 
-    def __init__(self, run_key: str, plan: Any, *, flow_run_id: str | None, interval: float = 3.0) -> None:
+    def __init__(
+        self,
+        run_key: str,
+        plan: Any,
+        *,
+        flow_run_id: str | None,
+        run_dir: str | None = None,
+        interval: float = 3.0,
+        log_interval: float = 10.0,
+    ) -> None:
         self.run_key, self.plan, self.flow_run_id, self.interval = run_key, plan, flow_run_id, interval
+        self.run_dir = run_dir
+        self.log_interval = log_interval
         self.validations: list[dict[str, Any]] = []
-        self._artifact_id: Any = None
-        self._last_push = 0.0
-        self.state: dict[str, Any] = {"cursor": 0, "step": 0, "epoch": 0}
+        self.labels: dict[str, Any] = {}  # extra labels (what this run resumes, the generated name)
+        self._artifacts: dict[str, Any] = {}
+        self._last_push = self._last_log = 0.0
+        self.state: dict[str, Any] = {"cursor": 0, "step": 0, "epoch": 0, "loss": None, "learning_rate": None}
         self._push_queued = self._labels_queued = self._final = False
         self._ui = _Lane("gliner2-reporter", run_key) if flow_run_id is not None else None
         self._labels = _Lane("gliner2-labels", run_key) if flow_run_id is not None else None
 
     # ---- events from the driver ----------------------------------------------------------------------------
 
+    def introduce(self, resumes: str | None = None) -> None:
+        """Label the flow run with its generated name (the run name shows the position instead) and, when it
+        continues another flow run's run key, point each run at the other."""
+        from prefect.context import FlowRunContext
+
+        context = FlowRunContext.get()
+        flow_run = context.flow_run if context is not None else None
+        if flow_run is not None:
+            earlier = (flow_run.labels or {}).get(NAME_LABEL)  # a retry of a run this reporter renamed
+            self.labels[NAME_LABEL] = earlier or flow_run.name
+        if resumes and resumes != self.flow_run_id and self._labels is not None:
+            self.labels[RESUMES_LABEL] = resumes
+            self._labels.submit(lambda: _label(resumes, {RESUMED_BY_LABEL: str(self.flow_run_id)}))
+
     def start(self, cursor: int, step: int) -> None:
         self.state.update(cursor=cursor, step=step, epoch=self._epoch(cursor))
-        self._submit(self._create_progress)
         self._emit("start", self._position())
         self._push(force=True)
 
     def progress(self, result: dict[str, Any]) -> None:
         self.state.update(cursor=result["cursor"], step=result["step"], epoch=result["epoch"])
         updates = result.get("updates") or []
+        if updates:
+            self.state.update(loss=updates[-1].get("loss"), learning_rate=updates[-1].get("learning_rate"))
         self._emit("progress", {**self._position(), "loss": updates[-1]["loss"] if updates else None})
+        now = time.monotonic()
+        if now - self._last_log >= self.log_interval:
+            self._last_log = now
+            _run_logger().info("%s: %s", self.run_key, self.where())
         self._push()
 
     def validation(self, result: dict[str, Any]) -> None:
         self.validations = list(result.get("history") or self.validations)  # the whole history, also on resume
         self._emit("validation", dict(result))
-        rows = [{k: v.get(k) for k in _TABLE_KEYS} for v in self.validations]
+        metrics = {k: v for k, v in (result.get("metrics") or {}).items() if isinstance(v, (int, float))}
+        if self.flow_run_id is not None:
+            from prefect_gliner2.flows.events import VALIDATION_COMPLETED, emit_run_event
+
+            payload = {"run_dir": self.run_dir, "metrics": metrics, "step": result.get("step")}
+            payload |= {"batch": result.get("index"), "epoch": self._epoch(int(result.get("index") or 0)) + 1}
+            payload |= {"best_metric": result.get("best_metric"), "best_step": result.get("best_step")}
+            emit_run_event(VALIDATION_COMPLETED, self.run_key, self.flow_run_id, payload)
+        rows = validation_rows(self.validations)
         self._submit(lambda: self._table(rows))
         self._push(force=True)
 
     def checkpoint(self, info: dict[str, Any]) -> None:
         self._emit("checkpoint", dict(info))
+        _run_logger().info("%s: checkpoint %s at %s", self.run_key, info.get("name"), self.where())
         self._push(force=True)
 
-    def finish(self, summary: dict[str, Any], timeout: float = 30.0) -> None:
-        """Final reports; waits (at most `timeout` s) until the Prefect UI shows them."""
-        self.state.update(cursor=self.plan.batch_count)
+    def finish(self, summary: dict[str, Any], cursor: Any = None, timeout: float = 30.0) -> None:
+        """Final reports at the final durable `cursor`; waits (at most `timeout` s) until the Prefect UI shows
+        them, labels included."""
+        if cursor is not None:
+            self.state.update(cursor=cursor.cursor, step=cursor.step)
+        self.state.update(epoch=self._epoch(int(self.state["cursor"])))
         self._emit("finish", dict(summary))
         validations = list(self.validations)
+        if validations:
+            rows = validation_rows(validations)
+            self._submit(lambda: self._table(rows))
         self._submit(lambda: self._markdown(summary, validations))
         self._push(force=True, final=True)
-        self.close(timeout)
+        self.close(timeout, labels_timeout=timeout)
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0, *, labels_timeout: float = 0.0) -> None:
         if self._ui is not None and not self._ui.close(timeout):
             logger.warning("the Prefect UI updates of run %s did not finish within %s s", self.run_key, timeout)
-        if self._labels is not None:
-            self._labels.close(0)  # best effort: the thread finishes on its own while the process lives on
+        if self._labels is not None and not self._labels.close(labels_timeout) and labels_timeout:
+            logger.warning("the labels of run %s were not updated within %s s", self.run_key, labels_timeout)
         self._ui = self._labels = None
 
     # ---- helpers -------------------------------------------------------------------------------------------
+
+    def where(self, state: dict[str, Any] | None = None) -> str:
+        """The position in words: 1-based epoch, batches and optimizer steps done, latest loss and rate."""
+        s, p = state or self.state, self.plan
+        text = f"epoch {s['epoch'] + 1}/{p.num_epochs} · batch {s['cursor']}/{p.batch_count}"
+        text += f" · step {s['step']}/{p.max_steps}"
+        if s.get("loss") is not None:
+            text += f" · loss {rounded(float(s['loss']), 4):g}"
+        if s.get("learning_rate") is not None:
+            text += f" · lr {rounded(float(s['learning_rate']), 3):g}"
+        return text
 
     def _epoch(self, cursor: int) -> int:
         return self.plan.epoch(min(cursor, self.plan.batch_count - 1)) if self.plan.batch_count else 0
@@ -179,8 +250,8 @@ class RunReporter:
                 logger.exception("progress listener %r failed", listener)
 
     def _push(self, *, force: bool = False, final: bool = False) -> None:
-        """Queue a name/progress update (and on `force` a labels update) unless one is queued already: a queued
-        update sends the state current when it runs."""
+        """Queue a name/progress update (and on `force` a labels update) unless one is queued already: a
+        queued update sends the state current when it runs."""
         now = time.monotonic()
         if self._ui is None or (not force and now - self._last_push < self.interval):
             return
@@ -198,18 +269,15 @@ class RunReporter:
             self._ui.submit(job)
 
     def _push_now(self) -> None:
-        from prefect.artifacts import update_progress_artifact
         from prefect.client.orchestration import get_client
 
         self._push_queued = False
-        s, p, final = dict(self.state), self.plan, self._final
-        percent = 100.0 if final else round(100.0 * s["cursor"] / max(p.batch_count, 1), 2)
-        where = (
-            f"epoch {s['epoch'] + 1}/{p.num_epochs} · batch {s['cursor']}/{p.batch_count} · "
-            f"step {s['step']}/{p.max_steps}"
-        )
-        if self._artifact_id is not None:
-            update_progress_artifact(self._artifact_id, percent, description=f"{self.run_key}: {where}")
+        s, final = dict(self.state), self._final
+        percent = 100.0 if final else round(100.0 * s["cursor"] / max(self.plan.batch_count, 1), 1)
+        where = self.where(s)
+        self._upsert("progress", percent, f"{self.run_key}: {where}")
+        # The state message is not updated while running: every Running state the server accepts counts as a new
+        # attempt (run_count), which would use up the flow's retries. The final message is the Completed state's.
         with get_client(sync_client=True) as client:
             client.update_flow_run(
                 UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
@@ -224,6 +292,7 @@ class RunReporter:
             client.update_flow_run_labels(
                 UUID(str(self.flow_run_id)),
                 {
+                    **self.labels,
                     "prefect-gliner2.run-key": self.run_key,
                     "prefect-gliner2.epoch": s["epoch"] + 1,
                     "prefect-gliner2.batch": s["cursor"],
@@ -231,29 +300,73 @@ class RunReporter:
                 },
             )
 
-    def _create_progress(self) -> None:
-        from prefect.artifacts import create_progress_artifact
+    def _upsert(self, what: str, data: Any, description: str) -> None:
+        """Update this run key's artifact `what` in place; create it when the run key has none yet."""
+        from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactUpdate
 
-        percent = round(100.0 * self.state["cursor"] / max(self.plan.batch_count, 1), 2)
-        self._artifact_id = create_progress_artifact(
-            percent, key=artifact_key(self.run_key, "progress"), description=f"training progress of {self.run_key}"
-        )
+        key = artifact_key(self.run_key, what)
+        if what not in self._artifacts:
+            self._artifacts[what] = _latest_artifact_id(key)
+        artifact_id = self._artifacts[what]
+        if artifact_id is not None:
+            stored = json.dumps(data) if what == "validation" else data
+            with get_client(sync_client=True) as client:
+                client.update_artifact(artifact_id, ArtifactUpdate(data=stored, description=description))
+        elif what == "progress":
+            self._artifacts[what] = create_progress_artifact(data, key=key, description=description)
+        elif what == "validation":
+            self._artifacts[what] = create_table_artifact(data, key=key, description=description)
+        else:
+            self._artifacts[what] = create_markdown_artifact(data, key=key, description=description)
 
     def _table(self, rows: list[dict[str, Any]]) -> None:
-        from prefect.artifacts import create_table_artifact
-
-        create_table_artifact(
-            rows, key=artifact_key(self.run_key, "validation"), description=f"validation history of {self.run_key}"
-        )
+        self._upsert("validation", rows, f"validation history of {self.run_key} (epochs from 1)")
 
     def _markdown(self, summary: dict[str, Any], validations: list[dict[str, Any]]) -> None:
-        from prefect.artifacts import create_markdown_artifact
+        named = {**summary, "flow_run_name": self.labels.get("prefect-gliner2.flow-run-name")}
+        self._upsert("summary", summary_markdown(self.run_key, named, validations), f"summary of {self.run_key}")
 
-        create_markdown_artifact(
-            summary_markdown(self.run_key, summary, validations),
-            key=artifact_key(self.run_key, "summary"),
-            description=f"summary of {self.run_key}",
+
+def _label(flow_run_id: str, labels: dict[str, Any]) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run_labels(UUID(flow_run_id), labels)
+
+
+def _latest_artifact_id(key: str) -> Any:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
         )
+    return found[0].id if found else None
+
+
+def _run_logger() -> Any:
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger
+
+
+def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The validation table: one row per validation, 1-based epochs, rounded metrics."""
+    rows = []
+    for entry in validations:
+        row = {k: rounded(entry.get(k)) for k in _TABLE_KEYS}
+        if isinstance(row.get("epoch"), (int, float)):
+            row["epoch"] = int(row["epoch"]) + 1
+        rows.append(row)
+    return rows
 
 
 def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[dict[str, Any]]) -> str:
@@ -265,12 +378,14 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
         f"- **model exported**: `{summary.get('export')}` ({summary.get('label')} weights)",
         f"- **steps**: {summary.get('total_steps')} over {summary.get('total_epochs')} epoch(s)"
         + (" — stopped early" if summary.get("stopped_early") else ""),
-        f"- **best {metric}**: {best if best is not None else 'n/a (no validation)'}"
+        f"- **best {metric}**: {rounded(best) if best is not None else 'n/a (no validation)'}"
         + (f" at step {summary.get('best_step')}" if summary.get("best_step") is not None else ""),
         f"- **checkpoints**: `{summary.get('checkpoints')}` (newest `{summary.get('checkpoint')}`)",
         f"- **run directory**: `{summary.get('run_dir')}`",
     ]
+    if summary.get("flow_run_name"):
+        lines.append(f"- **flow run**: {summary['flow_run_name']} (`{summary.get('flow_run_id')}`)")
     if validations:
         lines += ["", "| step | epoch | eval_loss |", "|---:|---:|---:|"]
-        lines += [f"| {v.get('step')} | {v.get('epoch')} | {v.get('eval_loss'):.6g} |" for v in validations]
+        lines += [f"| {v['step']} | {v['epoch']} | {v['eval_loss']} |" for v in validation_rows(validations)]
     return "\n".join(lines) + "\n"

@@ -23,23 +23,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.events import emit_event
 from prefect.states import Completed, State
 from pydantic import Field
 
-from prefect_gliner2.flows.train import TrainingConfigModel, default_storage, train_flow
+from prefect_gliner2.flows.events import MODEL_PROMOTED, MODEL_REJECTED, emit_model_event
+from prefect_gliner2.flows.params import TrainingSettings
+from prefect_gliner2.flows.reporting import artifact_key
+from prefect_gliner2.flows.train import default_storage, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.tasks.heldout import evaluate_models
 
 __all__ = ["data_fingerprint", "decide", "inputs_fingerprint", "retrain_flow", "retrain_run_key"]
 
-EVENT_PREFIX = "prefect-gliner2.model"
 EVAL_KEYS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")  # managed.EVAL_KEYS
 
 
@@ -82,7 +82,7 @@ def retrain_flow(
     valid_data: str | list[str],
     registry_root: str,
     base_model: str,
-    config: TrainingConfigModel,
+    config: TrainingSettings,
     metric: str = "eval_loss",
     greater_is_better: bool = False,
     margin: Annotated[float, Field(ge=0)] = 0.0,
@@ -100,7 +100,7 @@ def retrain_flow(
         valid_data: JSONL path(s) or URL(s) of held-out records: validation during training and the comparison.
         registry_root: Local directory or fsspec URL of the model registry.
         base_model: Model source the first version starts from (a directory, a Hugging Face id or "tiny:span").
-        config: TrainingConfig fields of every retraining run (fp16 and bf16 must be given explicitly).
+        config: Training settings of every retraining run.
         metric: Promotion metric, one of eval_loss, eval_classification_loss, eval_structure_loss, eval_count_loss.
         greater_is_better: Whether a higher metric is better (losses: no).
         margin: How much better than the current model the candidate must be to be promoted.
@@ -113,6 +113,7 @@ def retrain_flow(
     if metric not in EVAL_KEYS:
         raise ValueError(f"metric {metric!r} is not one of {list(EVAL_KEYS)}")
     registry = ModelRegistry(registry_root, model_name)
+    _label_run({"prefect-gliner2.model": model_name})
     data = data_fingerprint(train_data, valid_data)
     fingerprint = data["data_fingerprint"]
     training = config.to_training_config()
@@ -177,9 +178,10 @@ def retrain_flow(
         "reason": reason,
     }
     version = registry.register(str(summary["export"]), lineage)  # lineage first: a crash never loses the decision
+    _label_run({"prefect-gliner2.model": model_name, "prefect-gliner2.version": version.version})
     if promote:
         registry.promote(version.version)
-        _emit_promotion(model_name, version, current, lineage)
+    _emit_decision(registry, version, current, lineage)
     now_current = version if promote else current
     outcome = {
         "status": "promoted" if promote else "rejected",
@@ -207,9 +209,10 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
     """Nothing to train; finish a promotion an interrupted run decided but did not apply."""
     logger = get_run_logger()
     status = "unchanged"
+    _label_run({"prefect-gliner2.model": registry.name, "prefect-gliner2.version": latest.version})
     if latest.lineage.get("promoted") and (current is None or current.number < latest.number):
         registry.promote(latest.version)
-        _emit_promotion(registry.name, latest, current, latest.lineage)
+        _emit_decision(registry, latest, current, latest.lineage)
         current, status = latest, "promoted"
         logger.info("completed the interrupted promotion of %s %s", registry.name, latest.version)
     message = (
@@ -226,7 +229,7 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
         "reason": message,
     }
     create_markdown_artifact(
-        key=_artifact_key(registry.name, "retrain"),
+        key=artifact_key(f"model-{registry.name}", "retrain"),
         markdown=f"## Retraining {registry.name}\n\n"
         f"Nothing to do: the dataset (`{fingerprint[:16]}`), settings and base model are the "
         f"ones {latest.version} was trained with. Current version: {outcome['current']}.\n",
@@ -239,23 +242,39 @@ def _metrics(values: dict[str, Any]) -> dict[str, Any]:
     return {k: values[k] for k in (*EVAL_KEYS, "examples", "uri") if k in values}
 
 
-def _emit_promotion(name: str, version: ModelVersion, previous: ModelVersion | None, lineage: dict[str, Any]) -> None:
-    emit_event(
-        event=f"{EVENT_PREFIX}.promoted",
-        resource={
-            "prefect.resource.id": f"{EVENT_PREFIX}.{name}",
-            "prefect.resource.name": name,
-            "version": version.version,
-        },
-        payload={
-            "version": version.version,
+def _emit_decision(
+    registry: ModelRegistry, version: ModelVersion, previous: ModelVersion | None, lineage: dict[str, Any]
+) -> None:
+    """model.promoted or model.rejected, with absolute URIs of the version, the previous one and the registry."""
+    emit_model_event(
+        MODEL_PROMOTED if lineage.get("promoted") else MODEL_REJECTED,
+        registry.name,
+        version.version,
+        {
             "uri": version.uri,
+            "registry": registry.root,
             "previous": previous.version if previous is not None else None,
+            "previous_uri": previous.uri if previous is not None else None,
+            "reason": lineage.get("reason"),
             "data_fingerprint": lineage.get("data_fingerprint"),
             "metrics": lineage.get("metrics"),
             "run_key": lineage.get("run_key"),
+            "flow_run_id": _flow_run_id(),
         },
     )
+
+
+def _label_run(labels: dict[str, Any]) -> None:
+    """Labels on this flow run (model and version), so runs can be found per model in the UI."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = _flow_run_id()
+    if flow_run_id is None:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run_labels(UUID(flow_run_id), labels)
 
 
 def _report(outcome: dict[str, Any], metric: str) -> None:
@@ -271,13 +290,13 @@ def _report(outcome: dict[str, Any], metric: str) -> None:
         for key in EVAL_KEYS
     ]
     create_table_artifact(
-        key=_artifact_key(name, "comparison"),
+        key=artifact_key(f"model-{name}", "comparison"),
         table=rows,
         description=f"{name}: candidate {outcome['version']} vs current {outcome['previous']}",
     )
     decision = "promoted" if outcome["status"] == "promoted" else "not promoted"
     create_markdown_artifact(
-        key=_artifact_key(name, "retrain"),
+        key=artifact_key(f"model-{name}", "retrain"),
         markdown=(
             f"## Retraining {name}: {outcome['version']} {decision}\n\n{outcome['reason']} ({metric}).\n\n"
             f"| | version | {metric} |\n|---|---|---|\n"
@@ -288,11 +307,6 @@ def _report(outcome: dict[str, Any], metric: str) -> None:
         ),
         description=f"{name} retraining decision",
     )
-
-
-def _artifact_key(name: str, what: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    return f"{re.sub(r'[^a-z0-9-]+', '-', name.lower()).strip('-') or 'model'}-{what}"
 
 
 def _flow_run_id() -> str | None:

@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, cast
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from prefect.states import Completed
+from pydantic import Field
 
 from prefect_gliner2.flows.driver import DriveResult, drive
+from prefect_gliner2.flows.events import (
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_RESUMED,
+    RUN_STARTED,
+    absolute_uri,
+    emit_run_event,
+)
+from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.errors import (
@@ -41,70 +50,31 @@ from prefect_gliner2.runtime.errors import (
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
-from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
+from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
-from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.errors import ConfigError, PrecisionError
 from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
 from prefect_gliner2.session_core.storage import resolve
 from prefect_gliner2.tasks.export import export_model
 
-__all__ = ["PreparedRun", "TrainingConfigModel", "default_storage", "prepare_run", "train_flow", "use_prepared"]
+__all__ = [
+    "PreparedRun",
+    "TrainingConfigModel",
+    "TrainingSettings",
+    "default_storage",
+    "prepare_run",
+    "train_flow",
+    "use_prepared",
+]
 
 STORAGE_ENV = "PREFECT_GLINER2_STORAGE"
+DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
 
 
 # ---- parameters --------------------------------------------------------------------------------------------
 
-
-class _ConfigModelBase(BaseModel):
-    """TrainingConfig as a pydantic model (a form in the Prefect UI); validation is TrainingConfig's own."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _accept_dataclass_and_name_unknowns(cls, data: Any) -> Any:
-        if isinstance(data, TrainingConfig):
-            return data.to_dict()
-        if isinstance(data, Mapping):
-            unknown = {k: v for k, v in data.items() if k not in cls.model_fields}
-            if unknown:
-                try:
-                    TrainingConfig.from_dict(unknown)
-                except ConfigError as exc:
-                    raise ValueError(str(exc)) from None
-        return data
-
-    @model_validator(mode="after")
-    def _validate_with_training_config(self) -> Any:
-        try:
-            self.to_training_config()
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return self
-
-    def to_training_config(self) -> TrainingConfig:
-        return TrainingConfig.from_dict(self.model_dump())
-
-
-def _build_config_model() -> type[_ConfigModelBase]:
-    hints = typing.get_type_hints(TrainingConfig)
-    fields: dict[str, Any] = {}
-    for item in dataclasses.fields(TrainingConfig):
-        default = item.default if item.default is not dataclasses.MISSING else item.default_factory()  # type: ignore[misc]
-        annotation = hints[item.name]
-        if isinstance(default, tuple):
-            annotation, default = list[str], list(default)
-        fields[item.name] = (annotation, Field(default=default))
-    return create_model("TrainingConfigModel", __base__=_ConfigModelBase, **fields)
-
-
-if TYPE_CHECKING:
-    TrainingConfigModel = _ConfigModelBase
-else:
-    TrainingConfigModel = _build_config_model()
-    TrainingConfigModel.__doc__ = "TrainingConfig fields (same names and defaults); validated by TrainingConfig."
+TrainingConfigModel = TrainingSettings  # the earlier name of the config parameter's model
 
 
 def default_storage() -> str:
@@ -238,36 +208,37 @@ def train_flow(
     model: str,
     train_data: str | list[str] | None = None,
     valid_data: str | list[str] | None = None,
-    config: TrainingConfigModel | None = None,
+    config: TrainingSettings | None = None,
     run_key: str | None = None,
     storage: str | None = None,
     checkpoint_every: Annotated[int, Field(ge=0)] = 100,
     export_to: str | None = None,
     batches_per_task: Annotated[int, Field(ge=1)] = 1,
     pipeline_depth: Annotated[int, Field(ge=0, le=64)] = 0,
-    device: str | None = None,
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN)] | None = None,
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
     init_weights: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
     Args:
-        model: A local model directory, a Hugging Face model id, or a built-in "tiny:span" / "tiny:boundary".
-        train_data: JSONL path(s) or fsspec URL(s) of training records; omit to resume an existing run key.
-        valid_data: JSONL path(s) or URL(s) of validation records (enables best-model selection).
-        config: TrainingConfig fields (fp16 and bf16 must be given explicitly).
+        model: A local model directory, a Hugging Face model id, or a built-in tiny:span / tiny:boundary.
+        train_data: JSONL path(s) or fsspec URL(s) of training records; empty to resume an existing run key.
+        valid_data: JSONL path(s) or URL(s) of validation records (enables validation and best-model selection).
+        config: Training settings of a new run (empty to resume with the recorded ones); precision defaults to fp32.
         run_key: Names the run directory; the same key resumes. Default: derived from the manifest's content.
-        storage: fsspec URL or local directory holding run directories (default: $PREFECT_GLINER2_STORAGE or
+        storage: fsspec URL or local directory holding run directories (default: $PREFECT_GLINER2_STORAGE, else
             ~/.prefect-gliner2/runs).
         checkpoint_every: Checkpoint after every N optimizer updates (0: only at epoch ends).
-        export_to: Where to export the selected model (default: <storage>/<run_key>/export).
+        export_to: Where to export the selected model (default: the export folder of the run directory,
+            STORAGE/RUN_KEY/export).
         batches_per_task: Batches per Prefect task (raise it when steps take only a few milliseconds).
         pipeline_depth: Operations sent to the worker ahead of their task (0: none).
-        device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
+        device: cpu, cuda or cuda:N (default: CUDA when available).
         cpu_threads: Torch threads in the worker (recorded on first use; default: all CPUs available).
         init_weights: Start a new run from these weights (fresh optimizer and schedule): a native model directory,
-            a PEFT adapter directory, an export directory (its adapter/ is used for LoRA) or a session checkpoint.
-            Recorded with the run: a resume must pass the same value.
+            a PEFT adapter directory, an export directory (its adapter folder is used for LoRA) or a session
+            checkpoint. Recorded with the run: a resume must pass the same value.
     """
     logger = get_run_logger()
     prepared = _prepare(
@@ -275,14 +246,16 @@ def train_flow(
     )
     if init_weights is not None:
         _check_init_weights(init_weights)
+    check_runnable(prepared, device)
     run_dir = prepared.run_dir
     flow_run_id = _flow_run_id()
     run_dir.create()
     lease = RunLease(run_dir, flow_run_id=flow_run_id)
+    previous = (lease.last_holder() or {}).get("flow_run_id")
     lease.acquire()
     succeeded = False
     try:
-        export_uri = export_to or run_dir.default_export_uri
+        export_uri = absolute_uri(export_to) if export_to else run_dir.default_export_uri
         done = _completed(run_dir, export_uri)
         live = _open(
             prepared,
@@ -302,23 +275,28 @@ def train_flow(
             prepared.plan.max_steps,
             prepared.plan.fingerprint[:12],
         )
+        if done is None:
+            _check_hardware(live, bool(prepared.plan.config.bf16), device)
         if done is not None:
             logger.info("run %s is complete; its model is at %s", run_dir.run_key, export_uri)
             succeeded = True
-            return {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id}
-        summary = _train(
+            summary = {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id}
+            return _completed_state(f"{run_dir.run_key}: already complete; model at {export_uri}", summary)
+        summary, where = _train(
             live,
             prepared,
             checkpoint_every=checkpoint_every,
             export_uri=export_uri,
             batches_per_task=batches_per_task,
             pipeline_depth=pipeline_depth,
+            previous=previous,
         )
         succeeded = True
-        return summary
+        return _completed_state(f"{run_dir.run_key}: {where} · done; model at {summary['export']}", summary)
     except BaseException as exc:
         if not (is_transient(exc) and _retry_follows()):
             live_runs.unregister(run_dir.run_key)
+            _emit_failed(run_dir, flow_run_id, exc)
         code = permanent_storage_errno(exc)
         if code is not None and not isinstance(exc, StorageFullError):
             raise storage_full_error(code, f"{type(exc).__name__}: {exc}") from exc
@@ -401,6 +379,24 @@ def _open(
     return live
 
 
+def check_runnable(prepared: PreparedRun, device: str | None) -> None:
+    """Refuse, before any task runs, what the worker would refuse for a configuration reason (same messages)."""
+    config = prepared.plan.config
+    if config.early_stopping and not prepared.has_validation:
+        raise ConfigError("early_stopping=True needs eval_examples; pass validation records or disable early stopping")
+    if config.bf16 and device == "cpu":
+        raise PrecisionError(
+            "bf16=True needs a CUDA device with native bf16; CPU mixed precision is refused instead of "
+            "silently falling back to fp32. Pass bf16=False to train in fp32 on CPU."
+        )
+
+
+def _check_hardware(live: LiveRun, bf16: bool, device: str | None) -> None:
+    """bf16 or an explicit CUDA device: wait for the worker's session so a hardware refusal fails the run now."""
+    if bf16 or (device or "").startswith("cuda"):
+        live.worker.call("status")
+
+
 def _check_init_weights(uri: str) -> None:
     fs, path = resolve(uri)
     if not fs.isdir(path):
@@ -426,7 +422,9 @@ def _train(
     export_uri: str,
     batches_per_task: int,
     pipeline_depth: int,
-) -> dict[str, Any]:
+    previous: str | None,
+) -> tuple[dict[str, Any], str]:
+    """Drive the run to its end and export; returns the summary and the final position in words."""
     logger = get_run_logger()
     run_dir, plan = live.run_dir, prepared.plan
     cursor = run_dir.read_cursor()
@@ -440,9 +438,11 @@ def _train(
             plan.batch_count,
             cursor.step,
         )
-    reporter = RunReporter(live.run_key, plan, flow_run_id=live.flow_run_id)
+    reporter = RunReporter(live.run_key, plan, flow_run_id=live.flow_run_id, run_dir=run_dir.uri)
     try:
+        reporter.introduce(resumes=previous)
         reporter.start(start, cursor.step if cursor else 0)
+        _emit_start(live, cursor, previous, export_uri)
         outcome = DriveResult()
         if cursor is None or not cursor.finished:
             outcome = drive(
@@ -462,10 +462,63 @@ def _train(
         if final is not None and final.finished:
             durable = {k: v for k, v in summary.items() if k not in ("units_run", "worker_starts", "flow_run_id")}
             run_dir.commit_cursor(dataclasses.replace(final, export=export_uri, summary=durable))
-        reporter.finish(summary)
-        return summary
+        reporter.finish(summary, cursor=final)
+        emit_run_event(
+            RUN_COMPLETED,
+            live.run_key,
+            live.flow_run_id,
+            {
+                k: summary.get(k)
+                for k in ("run_dir", "export", "total_steps", "best_metric", "best_step", "stopped_early")
+            }
+            | {"checkpoint": run_dir.checkpoint_uri(final.checkpoint) if final is not None else None},
+        )
+        return summary, reporter.where()
     finally:
         reporter.close(timeout=5.0)
+
+
+def _completed_state(message: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The flow run ends in a Completed state whose message is the final position; callers receive `summary`.
+
+    Only on a run's first attempt: after an attempt failed in this process, Prefect 3.9's engine answers a
+    returned State with that attempt's exception (``FlowRunEngine.result`` checks ``_raised`` first), so a retried
+    attempt returns the summary itself and its state message stays Prefect's default.
+    """
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow_run.run_count > 1:
+        return summary
+    return cast(dict[str, Any], Completed(message=message, data=summary))
+
+
+def _emit_start(live: LiveRun, cursor: DurableCursor | None, previous: str | None, export_uri: str) -> None:
+    """run.started for a run key's first training, run.resumed (naming the previous flow run) for a continuation."""
+    payload: dict[str, Any] = {
+        "run_dir": live.run_dir.uri,
+        "manifest": live.run_dir.manifest_uri,
+        "export": export_uri,
+        "batch_count": live.plan.batch_count,
+        "max_steps": live.plan.max_steps,
+        "plan_fingerprint": live.fingerprint,
+    }
+    if cursor is None:
+        emit_run_event(RUN_STARTED, live.run_key, live.flow_run_id, {**payload, "previous_flow_run": previous})
+        return
+    resumed: dict[str, Any] = {"resumes_flow_run": previous, "cursor": cursor.cursor, "step": cursor.step}
+    resumed["checkpoint"] = live.run_dir.checkpoint_uri(cursor.checkpoint)
+    emit_run_event(RUN_RESUMED, live.run_key, live.flow_run_id, {**payload, **resumed})
+
+
+def _emit_failed(run_dir: RunDirectory, flow_run_id: str | None, exc: BaseException) -> None:
+    try:
+        cursor = run_dir.read_cursor()
+        payload = {"run_dir": run_dir.uri, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        payload |= {"cursor": cursor.cursor if cursor else 0, "step": cursor.step if cursor else 0}
+        emit_run_event(RUN_FAILED, run_dir.run_key, flow_run_id, payload)
+    except Exception:  # noqa: BLE001 - the run's own error is what matters
+        get_run_logger().warning("could not emit %s for run %s", RUN_FAILED, run_dir.run_key)
 
 
 def _summary(live: LiveRun, info: dict[str, Any], cursor: Any, start: int, outcome: DriveResult) -> dict[str, Any]:

@@ -8,7 +8,7 @@ A version directory is complete when its `lineage.json` exists (written last); i
 pointer is replaced atomically (a temp file renamed over it locally; a single object write elsewhere), so a reader
 sees the old or the new version, never half of one. Rolling back is pointing CURRENT at an older version. Lineage
 records where a version came from: base model hash, data fingerprint, manifest fingerprint, run key, metrics.
-Torch-free and Prefect-free.
+Every URI it stores and reports is absolute (a local root is made absolute). Torch-free and Prefect-free.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from prefect_gliner2.session_core.layout import (
     REGISTRY_POINTER_FILE,
     REGISTRY_VERSIONS_DIR,
 )
+from prefect_gliner2.session_core.storage import absolute_uri
 
 __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
 
@@ -60,6 +61,7 @@ class ModelRegistry:
     def __init__(self, root: str, name: str) -> None:
         if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
             raise RegistryError(f"model name {name!r} must be 1-128 letters, digits, '.', '_' or '-' (no slashes)")
+        root = absolute_uri(root)  # versions are reported with absolute URIs, usable from anywhere
         self.fs, base = fsspec.core.url_to_fs(root)
         self.name = name
         self.root = root.rstrip("/")
@@ -122,7 +124,7 @@ class ModelRegistry:
             self.fs.makedirs(parent, exist_ok=True)
             with src_fs.open(entry, "rb") as reader, self.fs.open(f"{target}/{relative}", "wb") as writer:
                 writer.write(reader.read())
-        record = {**lineage, "version": version, "registered_at": time.time(), "source": source}
+        record = {**lineage, "version": version, "registered_at": time.time(), "source": absolute_uri(source)}
         self._write_atomic(f"{target}/{REGISTRY_LINEAGE_FILE}", json.dumps(record, indent=1, sort_keys=True).encode())
         return self.get(version)
 

@@ -38,6 +38,7 @@ _EXPORTS = {
     "train_flow": "prefect_gliner2.flows.train",
     "retrain_flow": "prefect_gliner2.flows.retrain",
     "TrainingConfigModel": "prefect_gliner2.flows.train",
+    "TrainingSettings": "prefect_gliner2.flows.params",
     # the model registry
     "ModelRegistry": "prefect_gliner2.model_registry",
     "ModelVersion": "prefect_gliner2.model_registry",

@@ -76,6 +76,17 @@ class RunLease:
             if record is not None and record.get("owner") == self.owner["owner"]:
                 self.run_dir.fs.rm(self._path())
 
+    def last_holder(self) -> dict[str, Any] | None:
+        """The lease record of the run key's latest holder (a crashed one's stays behind), if any."""
+        if not self.run_dir.local:
+            return self._read_record()
+        try:
+            with open(self._path(), encoding="utf-8") as handle:
+                record = json.loads(handle.read() or "null")
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
     def check(self) -> None:
         """Raise if the lease was lost (remote storage: someone else took it); call before committing anything."""
         if self._lost:

@@ -36,6 +36,7 @@ from fsspec.implementations.local import LocalFileSystem
 from prefect_gliner2.session_core import layout
 
 __all__ = [
+    "absolute_uri",
     "DirectoryCommit",
     "LocalDirectoryCommit",
     "RemoteDirectoryCommit",
@@ -53,6 +54,11 @@ __all__ = [
 def is_local(fs: Any) -> bool:
     """True for the local filesystem (plain or relative paths, ``file://``); False for every other fsspec store."""
     return isinstance(fs, LocalFileSystem)
+
+
+def absolute_uri(uri: str) -> str:
+    """A local path made absolute (``~`` expanded); a URL with a protocol as it is (for records read elsewhere)."""
+    return uri if "://" in uri else os.path.abspath(os.path.expanduser(uri))
 
 
 def resolve(uri: str | os.PathLike[str]) -> tuple[Any, str]:

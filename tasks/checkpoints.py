@@ -62,19 +62,24 @@ def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
         event=CHECKPOINT_EVENT,
         resource=run_resource(run_key),
         payload={
-            k: info.get(k)
-            for k in (
-                "name",
-                "uri",
-                "cursor",
-                "step",
-                "epoch",
-                "finished",
-                "best_metric",
-                "best_step",
-                "existing",
-                "cursor_moved",
-            )
+            "run_key": run_key,
+            "flow_run_id": run.flow_run_id,
+            "run_dir": run.run_dir.uri,
+            **{
+                k: info.get(k)
+                for k in (
+                    "name",
+                    "uri",
+                    "cursor",
+                    "step",
+                    "epoch",
+                    "finished",
+                    "best_metric",
+                    "best_step",
+                    "existing",
+                    "cursor_moved",
+                )
+            },
         },
     )
     return info

@@ -14,13 +14,18 @@ from typing import Any
 
 import pytest
 
-from prefect_gliner2.flows.train import TrainingConfigModel
+from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.session_core.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import ROOT, THREADS, write_jsonl
 
 TRAIN, RETRAIN = "gliner2-train/train", "gliner2-retrain/retrain-nightly"
+
+
+def form_config(**overrides: Any) -> dict[str, Any]:
+    """The test config as the run form submits it (the deployment's schema is the form's)."""
+    return TrainingSettings.model_validate(training_config(**overrides)).model_dump(mode="json")
 
 
 def _env(api_url: str, **extra: str) -> dict[str, str]:
@@ -114,8 +119,8 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
     assert train.concurrency_options is not None and train.concurrency_options.collision_strategy == "ENQUEUE"
     assert "config" in train.parameter_openapi_schema["properties"]
     _assert_nightly_schedule(RETRAIN)
-    TrainingConfigModel.model_validate(nightly.parameters["config"])  # the scheduled defaults are a valid config
-    _assert_refused(TRAIN, {"model": "tiny:span", "config": {"fp16": False, "bf16": False, "batch_size": "abc"}})
+    TrainingSettings.model_validate(nightly.parameters["config"])  # the scheduled defaults are a valid config
+    _assert_refused(TRAIN, {"model": "tiny:span", "config": {"precision": "fp32", "batch_size": "abc"}})
     _assert_refused(TRAIN, {"train_data": "data/train.jsonl"})  # `model` is required
 
     # What the UI's "Run" button does: a flow run of the deployment, executed by a real process worker
@@ -130,7 +135,7 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
             "model": "tiny:span",
             "train_data": write_jsonl(data / "train.jsonl", tiny_records(6, seed=5)),
             "valid_data": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)),
-            "config": training_config(num_epochs=1),
+            "config": form_config(num_epochs=1),
             "run_key": "pool-train",
             "cpu_threads": THREADS,
         },
@@ -178,7 +183,7 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
             "train_data": inputs["train"],
             "valid_data": inputs["valid"],
             "registry_root": str(tmp_path / "registry"),
-            "config": training_config(num_epochs=1),
+            "config": form_config(num_epochs=1),
             "cpu_threads": THREADS,
         }
     }
@@ -233,7 +238,7 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
 
     inputs, root = served["inputs"], served["root"]
     _assert_nightly_schedule(RETRAIN)
-    _assert_refused(TRAIN, {"model": "tiny:span", "config": {"fp16": False, "bf16": False, "batch_size": "abc"}})
+    _assert_refused(TRAIN, {"model": "tiny:span", "config": {"precision": "fp32", "batch_size": "abc"}})
     train = run_deployment(
         TRAIN,
         timeout=0,
@@ -241,7 +246,7 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
             "model": "tiny:span",
             "train_data": inputs["train"],
             "valid_data": inputs["valid"],
-            "config": training_config(num_epochs=1),
+            "config": form_config(num_epochs=1),
             "run_key": "served-train",
             "cpu_threads": THREADS,
         },

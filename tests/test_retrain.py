@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from prefect_gliner2.flows import events as flow_events
 from prefect_gliner2.flows import retrain
+from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.retrain import data_fingerprint, decide, inputs_fingerprint, retrain_flow
-from prefect_gliner2.flows.train import TrainingConfigModel
 from prefect_gliner2.model_registry import ModelRegistry
 from prefect_gliner2.runtime.errors import RunConflictError
 from prefect_gliner2.session_core.tiny import tiny_records
@@ -77,9 +78,24 @@ def test_decide() -> None:
     assert decide(0.9, 0.5, greater_is_better=True, margin=0.1)[0]
 
 
+def _model_events(emitted: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model.* events among everything emitted (the training subflows emit run events too)."""
+    return [e for e in emitted if e["event"].startswith("prefect-gliner2.model.")]
+
+
+def _assert_labels(flow_run_id: str, expected: dict[str, Any]) -> None:
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        labels = client.read_flow_run(UUID(flow_run_id)).labels
+    assert {k: labels.get(k) for k in expected} == expected
+
+
 def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    events: list[dict[str, Any]] = []
-    monkeypatch.setattr(retrain, "emit_event", lambda **kw: events.append(kw))
+    emitted: list[dict[str, Any]] = []
+    monkeypatch.setattr(flow_events, "emit_event", lambda **kw: emitted.append(kw))
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(4, seed=99))
     train = tmp_path / "train.jsonl"
     write_jsonl(train, tiny_records(8, seed=5))
@@ -98,8 +114,13 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert set(v1.lineage["metrics"]) == {"candidate"}
     # the held-out score is the training run's own best validation metric (same weights, same batches)
     assert v1.lineage["metrics"]["candidate"]["eval_loss"] == v1.lineage["training"]["best_metric"]
+    events = _model_events(emitted)
     assert [e["event"] for e in events] == ["prefect-gliner2.model.promoted"]
     assert events[0]["resource"]["prefect.resource.id"] == f"prefect-gliner2.model.{NAME}"
+    assert v1.uri == str(tmp_path / "registry" / NAME / "versions" / "v000001") == events[0]["payload"]["uri"]
+    assert events[0]["payload"]["registry"] == str(tmp_path / "registry")
+    labels = {"prefect-gliner2.model": NAME, "prefect-gliner2.version": "v000001"}
+    _assert_labels(events[0]["payload"]["flow_run_id"], labels)
 
     started = time.monotonic()
     same = _retrain(tmp_path, str(train), valid)
@@ -116,7 +137,9 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     # the current model scores exactly what it scored as a candidate
     assert v2.lineage["metrics"]["current"]["eval_loss"] == v1.lineage["metrics"]["candidate"]["eval_loss"]
     assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
-    assert len(events) == 1
+    events = _model_events(emitted)
+    assert [e["event"] for e in events][1:] == ["prefect-gliner2.model.rejected"]
+    assert events[1]["payload"]["uri"] == v2.uri and events[1]["payload"]["previous_uri"] == v1.uri
 
     # the candidate run records where it started: resuming it with other init_weights is refused
     from prefect_gliner2.flows.train import train_flow
@@ -137,7 +160,11 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     scores = promoted["metrics"]
     assert scores["candidate"]["eval_loss"] < scores["current"]["eval_loss"]
     assert json.loads((tmp_path / "registry" / NAME / "CURRENT.json").read_text())["previous"] == "v000001"
-    assert [e["resource"]["version"] for e in events] == ["v000001", "v000003"]
+    assert [(e["event"].rsplit(".", 1)[-1], e["resource"]["version"]) for e in _model_events(emitted)] == [
+        ("promoted", "v000001"),
+        ("rejected", "v000002"),
+        ("promoted", "v000003"),
+    ]
 
     # same data, other training settings: a new candidate (never a conflict with the earlier run key)
     assert _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2))["status"] == "unchanged"
@@ -146,6 +173,20 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     v4 = registry.get("v000004")
     assert v4.lineage["data_fingerprint"] == registry.get("v000003").lineage["data_fingerprint"]
     assert v4.lineage["inputs_fingerprint"] != registry.get("v000003").lineage["inputs_fingerprint"]
+
+
+def test_a_relative_registry_root_is_stored_and_reported_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect_gliner2.session_core.tiny import save_tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    save_tiny_model(tmp_path / "model", "span", seed=3)
+    registry = ModelRegistry("./registry", NAME)
+    version = registry.register("./model", {"promoted": True})
+    assert version.uri == str(tmp_path / "registry" / NAME / "versions" / "v000001")
+    assert version.lineage["source"] == str(tmp_path / "model")
+    assert registry.promote("v000001").uri == version.uri
 
 
 def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> None:
@@ -157,7 +198,7 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
     (model / "config.json").write_text("{}")
     registry = ModelRegistry(str(tmp_path / "registry"), NAME)
     data = data_fingerprint(train, valid)
-    training = TrainingConfigModel.model_validate(training_config(num_epochs=1)).to_training_config()
+    training = TrainingSettings.model_validate(training_config(num_epochs=1)).to_training_config()
     inputs = inputs_fingerprint(data, training, "tiny:span")
     registry.register(str(model), {**data, "inputs_fingerprint": inputs, "promoted": True})
     assert registry.current() is None

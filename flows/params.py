@@ -1,0 +1,226 @@
+"""The training flows' config parameter: a pydantic model designed for the Prefect run form.
+
+``TrainingSettings`` is what the form shows and what the server validates: the settings people choose (precision
+as a choice of ``fp32`` / ``bf16``, epochs, batch size, learning rates, validation, LoRA) with descriptions,
+choices and ranges, plus an ``advanced`` section with the rest of the native options the session accepts. Fields
+the session refuses or fixes (``fp16``, ``num_workers``, ``local_rank``, ``compile_model``, ``skip_step_errors``,
+``allow_invalid_samples``, ``on_capacity_exceeded``, ``strict_training``, ``ignore_nonfinite_losses``,
+``max_train_samples``, ``max_eval_samples``, ``output_dir``) are not offered.
+
+From Python a flat mapping of ``TrainingConfig`` fields (``{"fp16": False, "bf16": False, ...}``) or a
+``TrainingConfig`` is accepted too; it is checked by ``TrainingConfig`` itself, so every refusal carries the same
+message as everywhere else. ``to_training_config`` is the one conversion to ``session_core.TrainingConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from prefect_gliner2.session_core import TrainingConfig
+from prefect_gliner2.session_core.config import DEFAULT_LORA_TARGET_MODULES
+from prefect_gliner2.session_core.errors import ConfigError
+
+__all__ = ["FIXED_FIELDS", "METRICS", "AdvancedSettings", "TrainingSettings"]
+
+# The validation metrics the managed driver computes (session_core.managed.EVAL_KEYS, which imports torch).
+METRICS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")
+Metric = Literal["eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss"]
+
+# TrainingConfig fields the form does not offer: refused, fixed to the one accepted value, or meaningless here.
+FIXED_FIELDS: frozenset[str] = frozenset(
+    {
+        "fp16",
+        "bf16",
+        "output_dir",
+        "num_workers",
+        "local_rank",
+        "compile_model",
+        "skip_step_errors",
+        "allow_invalid_samples",
+        "on_capacity_exceeded",
+        "strict_training",
+        "ignore_nonfinite_losses",
+        "max_train_samples",
+        "max_eval_samples",
+    }
+)
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegative = Annotated[float, Field(ge=0.0)]
+
+
+class _Form(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AdvancedSettings(_Form):
+    """The rest of the native options the session accepts; the defaults suit most runs."""
+
+    eval_batch_size: int = Field(default=8, ge=1, description="Records per validation batch.")
+    weight_decay: NonNegative = Field(default=0.01, description="AdamW weight decay.")
+    adam_beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="AdamW beta1, in [0, 1).")
+    adam_beta2: float = Field(default=0.999, ge=0.0, lt=1.0, description="AdamW beta2, in [0, 1).")
+    adam_epsilon: NonNegative = Field(default=1e-8, description="AdamW epsilon.")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, description="Gradient clipping norm.")
+    warmup_steps: int = Field(default=0, ge=0, description="Warm-up updates; a positive value replaces warmup_ratio.")
+    num_cycles: NonNegative = Field(default=0.5, description="Cycles of the cosine schedules.")
+    early_stopping_threshold: NonNegative = Field(
+        default=0.0, description="Smallest improvement of the metric that resets early stopping's patience."
+    )
+    max_len: int | None = Field(
+        default=None, ge=1, description="Truncate inputs to this many tokens (empty: no limit)."
+    )
+    validate_data: bool = Field(default=True, description="Check every record against the schema before training.")
+    deterministic: bool = Field(default=True, description="Deterministic kernels (needed for bit-exact continuation).")
+    allow_tf32: bool = Field(default=False, description="Allow TF32 matmuls on CUDA (changes fp32 numerics).")
+    float32_matmul_precision: Literal["highest", "high", "medium"] = Field(
+        default="highest", description="torch.set_float32_matmul_precision for fp32 runs."
+    )
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for activation memory.")
+    fused_optimizer: bool = Field(default=True, description="Use the fused AdamW kernel where available.")
+    group_by_length: bool = Field(default=True, description="Batch records of similar length together.")
+    length_group_window_batches: int = Field(
+        default=50, ge=1, description="Batches per window when grouping by length."
+    )
+    dedupe_contained_entity_spans: bool = Field(
+        default=True, description="Drop entity spans contained in another gold span."
+    )
+    gold_injection_start: Fraction = Field(
+        default=1.0, description="Boundary models: gold injection rate at the start."
+    )
+    gold_injection_end: Fraction = Field(default=0.25, description="Boundary models: gold injection rate at the end.")
+    gold_injection_hold_frac: Fraction = Field(
+        default=0.15, description="Boundary models: fraction of training that holds the start rate."
+    )
+    lora_use_dora: bool = Field(default=False, description="LoRA: use DoRA (weight-decomposed) adapters.")
+    lora_target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGET_MODULES),
+        min_length=1,
+        description="LoRA: module groups that get adapters.",
+    )
+    experiment_name: str = Field(default="gliner2", min_length=1, description="A name recorded with the run.")
+    logging_steps: int = Field(default=1, ge=1, description="Report training loss every N optimizer updates.")
+
+
+_ADVANCED = frozenset(AdvancedSettings.model_fields)
+
+
+class TrainingSettings(_Form):
+    """Training settings of one run. Everything the session would refuse is refused here, before a run starts."""
+
+    # The server checks this cross-field rule too (JSON schema if/then), before a flow run is created.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"early_stopping": {"const": True}}, "required": ["early_stopping"]},
+            "then": {"properties": {"eval_strategy": {"enum": ["epoch", "steps"]}}},
+        }
+    )
+
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="fp32 everywhere, or bf16 on CUDA GPUs with native bf16 (fp16 is not supported)."
+    )
+    num_epochs: int = Field(
+        default=10, ge=1, description="Passes over the training data (max_steps, when set, decides)."
+    )
+    max_steps: int = Field(
+        default=-1,
+        ge=-1,
+        json_schema_extra={"not": {"const": 0}},
+        description="Stop after this many optimizer updates; -1: derive from epochs.",
+    )
+    batch_size: int = Field(default=2, ge=1, description="Records per micro-batch.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro-batches per optimizer update.")
+    encoder_lr: NonNegative = Field(default=1e-5, description="Learning rate of the encoder.")
+    task_lr: NonNegative = Field(default=5e-4, description="Learning rate of the task heads.")
+    scheduler_type: Literal["linear", "cosine", "cosine_restarts", "constant"] = Field(
+        default="linear", description="Learning-rate schedule."
+    )
+    warmup_ratio: Fraction = Field(default=0.1, description="Fraction of updates spent warming up the learning rate.")
+    eval_strategy: Literal["epoch", "steps", "no"] = Field(
+        default="epoch",
+        description="When to validate (needs valid_data): every epoch, every eval_steps updates, or never.",
+    )
+    eval_steps: int = Field(default=500, ge=1, description="Validate every N updates when eval_strategy is steps.")
+    metric_for_best: Metric = Field(default="eval_loss", description="Validation metric that selects the best model.")
+    greater_is_better: bool = Field(
+        default=False, description="Whether a higher metric_for_best is better (losses: no)."
+    )
+    save_best: bool = Field(default=True, description="Keep the best validation model and export it.")
+    early_stopping: bool = Field(default=False, description="Stop when the metric stops improving (needs validation).")
+    early_stopping_patience: int = Field(
+        default=3, ge=1, description="Validations without improvement before stopping."
+    )
+    seed: int = Field(default=42, ge=0, lt=2**32, description="Seed of shuffling, dropout and initialisation.")
+    use_lora: bool = Field(default=False, description="Train one LoRA adapter instead of all weights.")
+    lora_r: int = Field(default=16, ge=1, description="LoRA rank.")
+    lora_alpha: float = Field(default=32.0, gt=0.0, description="LoRA alpha (scaling).")
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="LoRA dropout, in [0, 1).")
+    advanced: AdvancedSettings = Field(
+        default_factory=lambda: AdvancedSettings(), description="Further native options."
+    )
+    _config: TrainingConfig | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_training_config_fields(cls, data: Any) -> Any:
+        if isinstance(data, TrainingConfig):
+            return _from_training_config(data)
+        if isinstance(data, Mapping) and _is_flat(data):
+            return _from_training_config(_flat_training_config(data))
+        return data
+
+    @model_validator(mode="after")
+    def _validate_with_training_config(self) -> TrainingSettings:
+        names = [name for name in type(self).model_fields if name not in ("precision", "advanced")]
+        values = {name: getattr(self, name) for name in names}
+        try:
+            self._config = TrainingConfig(
+                **values, **self.advanced.model_dump(), fp16=False, bf16=self.precision == "bf16"
+            )
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def to_training_config(self) -> TrainingConfig:
+        """The session's TrainingConfig, built once when these settings were validated (precision explicit)."""
+        assert self._config is not None, "TrainingSettings are always validated"
+        return self._config
+
+
+def _is_flat(data: Mapping[str, Any]) -> bool:
+    """A mapping of TrainingConfig field names (``fp16``/``bf16`` and advanced options at the top level)."""
+    return "precision" not in data and "advanced" not in data and any(k in FIXED_FIELDS or k in _ADVANCED for k in data)
+
+
+def _flat_training_config(data: Mapping[str, Any]) -> TrainingConfig:
+    """Check a flat mapping with TrainingConfig's own messages; fp16/bf16 default to False like the form."""
+    values = {"fp16": False, "bf16": False, **data} if "fp16" not in data and "bf16" not in data else dict(data)
+    try:
+        return TrainingConfig.from_dict(values)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _from_training_config(config: TrainingConfig) -> dict[str, Any]:
+    defaults = TrainingConfig(fp16=False, bf16=False)
+    if config.output_dir != defaults.output_dir:
+        raise ValueError(
+            f"output_dir={config.output_dir!r} is not used by training flows (a run lives in STORAGE/RUN_KEY and "
+            "exports to export_to); remove output_dir from the config"
+        )
+    values = config.to_dict()
+    form = {k: v for k, v in values.items() if k not in FIXED_FIELDS and k not in _ADVANCED}
+    return {
+        **form,
+        "precision": "bf16" if config.bf16 else "fp32",
+        "advanced": {k: v for k, v in values.items() if k in _ADVANCED},
+    }
+
+
+assert _ADVANCED | frozenset(TrainingSettings.model_fields) | FIXED_FIELDS >= {
+    f.name for f in dataclasses.fields(TrainingConfig)
+}, "every TrainingConfig field is offered on the form or listed as fixed"
