@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,8 +91,14 @@ def checkpoint_meta(uri: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else {}
 
 
-def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) -> str:
-    """Write `files` and the index atomically to `uri` (which must not exist yet); returns the index sha256."""
+def write_checkpoint(
+    uri: str, files: dict[str, bytes], meta: dict[str, Any], *, before_commit: Callable[[], None] | None = None
+) -> str:
+    """Write `files` and the index atomically to `uri` (which must not exist yet); returns the index sha256.
+
+    `before_commit` runs once every file is written and before the commit (the rename into place on local
+    storage, the index elsewhere); if it raises, nothing is committed (tests use it to interrupt a write there).
+    """
     for name in files:
         if not name or "/" in name or name.startswith(".") or name == INDEX_FILE:
             raise CheckpointError(f"invalid checkpoint file name {name!r}")
@@ -109,18 +116,22 @@ def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) ->
     }
     index_bytes = json.dumps(index, sort_keys=True, indent=1).encode()
     if _is_local(fs):
-        _write_local(path, files, index_bytes)
+        _write_local(path, files, index_bytes, before_commit)
     else:
         fs.makedirs(path, exist_ok=True)
         for name, data in files.items():
             with fs.open(f"{path}/{name}", "wb") as handle:
                 handle.write(data)
+        if before_commit is not None:
+            before_commit()
         with fs.open(f"{path}/{INDEX_FILE}", "wb") as handle:
             handle.write(index_bytes)
     return _sha256(index_bytes)
 
 
-def _write_local(path: str, files: dict[str, bytes], index_bytes: bytes) -> None:
+def _write_local(
+    path: str, files: dict[str, bytes], index_bytes: bytes, before_commit: Callable[[], None] | None
+) -> None:
     parent = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(parent, mode=0o700, exist_ok=True)
     staging = os.path.join(parent, f".{os.path.basename(path)}{STAGING_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
@@ -134,6 +145,8 @@ def _write_local(path: str, files: dict[str, bytes], index_bytes: bytes) -> None
                 handle.flush()
                 os.fsync(handle.fileno())
         fsync_dir(staging)
+        if before_commit is not None:
+            before_commit()
         if os.path.isdir(path):
             os.rmdir(path)  # an empty directory someone created for us
         os.rename(staging, path)

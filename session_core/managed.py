@@ -211,8 +211,10 @@ class ManagedTraining:
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
 
-    def save_state(self, uri: str) -> str:
-        """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights."""
+    def save_state(self, uri: str, *, before_commit: Callable[[], None] | None = None) -> str:
+        """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights.
+
+        `before_commit` runs when the files are written, just before the commit (see ``write_checkpoint``)."""
         files, meta = self.session.state_payload()
         files[MANAGED_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
         if self.best_state is not None:
@@ -224,7 +226,7 @@ class ManagedTraining:
             validation_due=self.validation_due,
             finished=self.finished,
         )
-        return write_checkpoint(uri, files, meta)
+        return write_checkpoint(uri, files, meta, before_commit=before_commit)
 
     def load_state(self, uri: str) -> dict[str, Any]:
         """Continue a managed run from its checkpoint; needs a fresh session and the same plan."""
@@ -281,13 +283,24 @@ class ManagedTraining:
 
     # ---- export -----------------------------------------------------------------------------------------------
 
-    def export_weights(self, uri: str, *, which: str = "best", merged: bool = False) -> dict[str, Any]:
-        """Export the best model (default, when validation selected one) or the final model."""
+    def export_weights(
+        self,
+        uri: str,
+        *,
+        which: str = "best",
+        merged: bool = False,
+        before_commit: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Export the best model (default, when validation selected one) or the final model.
+
+        `before_commit` runs when the export's files are written, just before they are committed."""
         if which not in ("best", "final"):
             raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
         if which == "best" and self.best_state is not None:
-            return export_weights(self.session, uri, merged=merged, state=self.best_state, label="best")
-        return self.session.export_weights(uri, merged=merged)
+            return export_weights(
+                self.session, uri, merged=merged, state=self.best_state, label="best", before_commit=before_commit
+            )
+        return self.session.export_weights(uri, merged=merged, before_commit=before_commit)
 
     def close(self) -> None:
         self.best_state = None

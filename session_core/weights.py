@@ -18,7 +18,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,8 +204,12 @@ def export_weights(
     merged: bool = False,
     state: Mapping[str, torch.Tensor] | None = None,
     label: str = "final",
+    before_commit: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds)."""
+    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds).
+
+    `before_commit` runs when every file is written, just before the export is committed (renamed into place on
+    local storage; export.json written last elsewhere); if it raises, nothing is committed."""
     if merged and not session.is_lora:
         raise WeightsError("merged=True applies to LoRA sessions only; a full-weight export is already merged")
     info = {
@@ -216,7 +220,7 @@ def export_weights(
         "base_model_hash": session.provenance["base_model_hash"],
         "merged": merged,
     }
-    with _staging(uri) as staging:
+    with _staging(uri, before_commit) as staging:
         if not session.is_lora and state is None:
             unwrap(session.model).save_pretrained(str(staging))
         else:
@@ -248,8 +252,9 @@ def _export_copy(copy: Any, staging: Path, *, merged: bool, lora: bool) -> None:
 class _staging:
     """A local directory that becomes `uri` on success (rename on local storage, upload elsewhere)."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, before_commit: Callable[[], None] | None = None) -> None:
         self.uri = uri
+        self.before_commit = before_commit
         self.fs, self.path = fsspec.core.url_to_fs(uri)
         self.path = self.path.rstrip("/")
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
@@ -271,6 +276,7 @@ class _staging:
             if exc_type is not None:
                 return
             if self.local:
+                self._before_commit()
                 if os.path.isdir(self.path):
                     os.rmdir(self.path)
                 os.rename(self.dir, self.path)
@@ -279,11 +285,16 @@ class _staging:
                 payload = marker.read_bytes()
                 marker.unlink()
                 self.fs.put(f"{self.dir}/", self.path, recursive=True)  # trailing slash: the contents
+                self._before_commit()
                 with self.fs.open(f"{self.path}/{EXPORT_FILE}", "wb") as handle:
                     handle.write(payload)
         finally:
             if self.dir.exists():
                 shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _before_commit(self) -> None:
+        if self.before_commit is not None:
+            self.before_commit()
 
 
 def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> Any:
