@@ -4,24 +4,34 @@ a markdown summary at the end, and in-process listeners (the CLI's progress bar)
 API calls are throttled (at most one round every ``interval`` seconds, plus one at every checkpoint, validation and
 at the end) and made from a background thread, so reporting never stalls training. Reporting never fails a run:
 an API error is logged and training goes on.
+
+The background threads use their own API client (the flow's closes when the flow ends, and a thread may still be
+finishing its last jobs then) and name the flow run explicitly; they start from an empty context plus a copy of the
+flow's Prefect settings (which API to talk to), so no Prefect context variable is reset or overwritten.
 """
 
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
+import math
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 from uuid import UUID
+
+from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
 
 __all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener"]
 
 logger = logging.getLogger(__name__)
 Listener = Callable[[str, dict[str, Any]], None]
+Job = Callable[[Any], Any]  # called with the lane's SyncPrefectClient
 _LISTENERS: list[Listener] = []
 _TABLE_KEYS = (
     "step",
@@ -51,19 +61,22 @@ def artifact_key(run_key: str, what: str) -> str:
 
 
 class _Lane:
-    """One background thread running jobs in order, inside a copy of the creating thread's context."""
+    """One background thread running jobs in order with its own API client, under the creating thread's Prefect
+    settings (and no other context)."""
 
     def __init__(self, name: str, run_key: str) -> None:
+        from prefect.context import get_settings_context
+
         self.run_key = run_key
         self.abandoned = False
-        self.jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
-        context = contextvars.copy_context()
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.settings = get_settings_context().model_copy()  # entered in the thread's own, empty context
         self.thread: threading.Thread | None = threading.Thread(
-            target=context.run, args=(self._serve,), name=name, daemon=True
+            target=contextvars.Context().run, args=(self._serve,), name=name, daemon=True
         )
         self.thread.start()
 
-    def submit(self, job: Callable[[], Any]) -> None:
+    def submit(self, job: Job) -> None:
         if self.thread is not None:
             self.jobs.put(job)
 
@@ -79,19 +92,15 @@ class _Lane:
         return done
 
     def _serve(self) -> None:
-        from prefect.context import AsyncClientContext, SyncClientContext
+        from prefect.client.orchestration import get_client
 
-        # Our own API client: the flow's client (in the copied context) is closed when the flow ends, and this
-        # thread may still be finishing its last jobs then.
-        SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
-        AsyncClientContext.__var__.set(None)  # type: ignore[arg-type]
-        with SyncClientContext.get_or_create():
+        with self.settings, get_client(sync_client=True) as client:
             while True:
                 job = self.jobs.get()
                 if job is None:
                     return
                 try:
-                    job()
+                    job(client)
                 except Exception as exc:  # noqa: BLE001 - reporting must never fail a training run
                     # after the run ended (an abandoned best-effort lane), the server may be gone: not worth a warning
                     log = logger.debug if self.abandoned else logger.warning
@@ -125,21 +134,21 @@ class RunReporter:
         self._emit("start", self._position())
         self._push(force=True)
 
-    def progress(self, result: dict[str, Any]) -> None:
-        self.state.update(cursor=result["cursor"], step=result["step"], epoch=result["epoch"])
-        updates = result.get("updates") or []
+    def progress(self, result: AdvanceResult) -> None:
+        self.state.update(cursor=result.cursor, step=result.step, epoch=result.epoch)
+        updates = result.updates
         self._emit("progress", {**self._position(), "loss": updates[-1]["loss"] if updates else None})
         self._push()
 
-    def validation(self, result: dict[str, Any]) -> None:
-        self.validations = list(result.get("history") or self.validations)  # the whole history, also on resume
-        self._emit("validation", dict(result))
+    def validation(self, result: ValidateResult) -> None:
+        self.validations = list(result.history or self.validations)  # the whole history, also on resume
+        self._emit("validation", asdict(result))
         rows = [{k: v.get(k) for k in _TABLE_KEYS} for v in self.validations]
-        self._submit(lambda: self._table(rows))
+        self._submit(lambda client: self._table(client, rows))
         self._push(force=True)
 
-    def checkpoint(self, info: dict[str, Any]) -> None:
-        self._emit("checkpoint", dict(info))
+    def checkpoint(self, info: CheckpointResult) -> None:
+        self._emit("checkpoint", asdict(info))
         self._push(force=True)
 
     def finish(self, summary: dict[str, Any], timeout: float = 30.0) -> None:
@@ -147,7 +156,7 @@ class RunReporter:
         self.state.update(cursor=self.plan.batch_count)
         self._emit("finish", dict(summary))
         validations = list(self.validations)
-        self._submit(lambda: self._markdown(summary, validations))
+        self._submit(lambda client: self._markdown(client, summary, validations))
         self._push(force=True, final=True)
         self.close(timeout)
 
@@ -193,13 +202,12 @@ class RunReporter:
             self._labels_queued = True
             self._labels.submit(self._labels_now)
 
-    def _submit(self, job: Callable[[], Any]) -> None:
+    def _submit(self, job: Job) -> None:
         if self._ui is not None:
             self._ui.submit(job)
 
-    def _push_now(self) -> None:
-        from prefect.artifacts import update_progress_artifact
-        from prefect.client.orchestration import get_client
+    def _push_now(self, client: Any) -> None:
+        from prefect.client.schemas.actions import ArtifactUpdate
 
         self._push_queued = False
         s, p, final = dict(self.state), self.plan, self._final
@@ -209,51 +217,61 @@ class RunReporter:
             f"step {s['step']}/{p.max_steps}"
         )
         if self._artifact_id is not None:
-            update_progress_artifact(self._artifact_id, percent, description=f"{self.run_key}: {where}")
-        with get_client(sync_client=True) as client:
-            client.update_flow_run(
-                UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
-            )
+            update = ArtifactUpdate(data=percent, description=f"{self.run_key}: {where}")
+            client.update_artifact(artifact_id=self._artifact_id, artifact=update)
+        client.update_flow_run(
+            UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
+        )
 
-    def _labels_now(self) -> None:
-        from prefect.client.orchestration import get_client
-
+    def _labels_now(self, client: Any) -> None:
         self._labels_queued = False
         s = dict(self.state)
-        with get_client(sync_client=True) as client:
-            client.update_flow_run_labels(
-                UUID(str(self.flow_run_id)),
-                {
-                    "prefect-gliner2.run-key": self.run_key,
-                    "prefect-gliner2.epoch": s["epoch"] + 1,
-                    "prefect-gliner2.batch": s["cursor"],
-                    "prefect-gliner2.step": s["step"],
-                },
-            )
+        client.update_flow_run_labels(
+            UUID(str(self.flow_run_id)),
+            {
+                "prefect-gliner2.run-key": self.run_key,
+                "prefect-gliner2.epoch": s["epoch"] + 1,
+                "prefect-gliner2.batch": s["cursor"],
+                "prefect-gliner2.step": s["step"],
+            },
+        )
 
-    def _create_progress(self) -> None:
-        from prefect.artifacts import create_progress_artifact
+    def _artifact(self, client: Any, kind: str, what: str, data: Any, description: str) -> Any:
+        """Create an artifact of this flow run (named explicitly: the lane has no run context)."""
+        from prefect.client.schemas.actions import ArtifactCreate
 
+        request = ArtifactCreate(
+            type=kind,
+            key=artifact_key(self.run_key, what),
+            description=description,
+            data=data,
+            flow_run_id=UUID(str(self.flow_run_id)),
+        )
+        return client.create_artifact(artifact=request).id
+
+    def _create_progress(self, client: Any) -> None:
         percent = round(100.0 * self.state["cursor"] / max(self.plan.batch_count, 1), 2)
-        self._artifact_id = create_progress_artifact(
-            percent, key=artifact_key(self.run_key, "progress"), description=f"training progress of {self.run_key}"
-        )
+        description = f"training progress of {self.run_key}"
+        self._artifact_id = self._artifact(client, "progress", "progress", percent, description)
 
-    def _table(self, rows: list[dict[str, Any]]) -> None:
-        from prefect.artifacts import create_table_artifact
+    def _table(self, client: Any, rows: list[dict[str, Any]]) -> None:
+        data = json.dumps(_finite_or_none(rows))
+        self._artifact(client, "table", "validation", data, f"validation history of {self.run_key}")
 
-        create_table_artifact(
-            rows, key=artifact_key(self.run_key, "validation"), description=f"validation history of {self.run_key}"
-        )
+    def _markdown(self, client: Any, summary: dict[str, Any], validations: list[dict[str, Any]]) -> None:
+        text = summary_markdown(self.run_key, summary, validations)
+        self._artifact(client, "markdown", "summary", text, f"summary of {self.run_key}")
 
-    def _markdown(self, summary: dict[str, Any], validations: list[dict[str, Any]]) -> None:
-        from prefect.artifacts import create_markdown_artifact
 
-        create_markdown_artifact(
-            summary_markdown(self.run_key, summary, validations),
-            key=artifact_key(self.run_key, "summary"),
-            description=f"summary of {self.run_key}",
-        )
+def _finite_or_none(value: Any) -> Any:
+    """JSON-safe table cells: NaN and infinities become None (as Prefect's table artifacts do)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_finite_or_none(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    return value
 
 
 def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[dict[str, Any]]) -> str:
