@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import faults
@@ -48,7 +49,7 @@ def drive(
     pipeline_depth: int,
     validate_runs: bool,
     reporter: RunReporter,
-    then: Request | None = None,
+    then: Request[Any] | None = None,
 ) -> DriveResult:
     """Run every unit from batch `start` to the end of the plan (or to early stopping).
 

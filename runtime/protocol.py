@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import traceback
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from prefect_gliner2.runtime.errors import StorageFullError, WorkerError, permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.faults import FaultPlan
@@ -65,84 +65,6 @@ class WorkerSpec:
     device: str | None = None
     init_weights: str | None = None  # weights a fresh run starts from (not applied when restoring a checkpoint)
     faults: FaultPlan | None = None  # test fault injection at worker-side points; always None in production
-
-
-# ---- requests ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Request:
-    """Base of the operations a worker executes; `op` names the operation in messages."""
-
-    op: ClassVar[str] = "request"
-
-
-@dataclass(frozen=True)
-class Status(Request):
-    """Where the session stands (no work)."""
-
-    op: ClassVar[str] = "status"
-
-
-@dataclass(frozen=True)
-class Advance(Request):
-    """Train (and validate when due) until the cursor is past `through`; `first` is this task's first batch."""
-
-    op: ClassVar[str] = "advance"
-    first: int
-    through: int
-
-
-@dataclass(frozen=True)
-class Validate(Request):
-    """The validation due after batch `index` (advancing to it first)."""
-
-    op: ClassVar[str] = "validate"
-    index: int
-
-
-@dataclass(frozen=True)
-class Checkpoint(Request):
-    """A managed checkpoint after batch `index`, written to `uri` (advancing to it first)."""
-
-    op: ClassVar[str] = "checkpoint"
-    index: int
-    uri: str
-
-
-@dataclass(frozen=True)
-class Export(Request):
-    """Export the `which` ("best" or "final") model to `uri` once the plan is done (advancing to its end first)."""
-
-    op: ClassVar[str] = "export"
-    uri: str
-    which: str = "best"
-
-
-@dataclass(frozen=True)
-class Summary(Request):
-    """The native summary (without the per-step training history)."""
-
-    op: ClassVar[str] = "summary"
-
-
-@dataclass(frozen=True)
-class Close:
-    """Release the session and exit."""
-
-
-@dataclass(frozen=True)
-class Init:
-    """The first message: build the session from `spec`, restoring checkpoint `restore` when given."""
-
-    spec: WorkerSpec
-    restore: str | None
-
-
-@dataclass(frozen=True)
-class Call:
-    op_id: int
-    request: Request
 
 
 # ---- results -----------------------------------------------------------------------------------------------
@@ -260,6 +182,87 @@ class ExportResult:
             weights_sha256=record["weights_sha256"],
             summary=summary,
         )
+
+
+# ---- requests ----------------------------------------------------------------------------------------------
+
+
+R = TypeVar("R", covariant=True)
+
+
+@dataclass(frozen=True)
+class Request(Generic[R]):
+    """Base of the operations a worker executes; `R` is its result type, `op` names it in messages."""
+
+    op: ClassVar[str] = "request"
+
+
+@dataclass(frozen=True)
+class Status(Request[StatusResult]):
+    """Where the session stands (no work)."""
+
+    op: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Advance(Request[AdvanceResult]):
+    """Train (and validate when due) until the cursor is past `through`; `first` is this task's first batch."""
+
+    op: ClassVar[str] = "advance"
+    first: int
+    through: int
+
+
+@dataclass(frozen=True)
+class Validate(Request[ValidateResult]):
+    """The validation due after batch `index` (advancing to it first)."""
+
+    op: ClassVar[str] = "validate"
+    index: int
+
+
+@dataclass(frozen=True)
+class Checkpoint(Request[CheckpointResult]):
+    """A managed checkpoint after batch `index`, written to `uri` (advancing to it first)."""
+
+    op: ClassVar[str] = "checkpoint"
+    index: int
+    uri: str
+
+
+@dataclass(frozen=True)
+class Export(Request[ExportResult]):
+    """Export the `which` ("best" or "final") model to `uri` once the plan is done (advancing to its end first)."""
+
+    op: ClassVar[str] = "export"
+    uri: str
+    which: str = "best"
+
+
+@dataclass(frozen=True)
+class Summary(Request[SummaryResult]):
+    """The native summary (without the per-step training history)."""
+
+    op: ClassVar[str] = "summary"
+
+
+@dataclass(frozen=True)
+class Close:
+    """Release the session and exit."""
+
+
+@dataclass(frozen=True)
+class Init:
+    """The first message: build the session from `spec`, restoring checkpoint `restore` when given."""
+
+    spec: WorkerSpec
+    restore: str | None
+
+
+@dataclass(frozen=True)
+class Call:
+    op_id: int
+    request: Request
 
 
 Result = StatusResult | AdvanceResult | ValidateResult | CheckpointResult | ExportResult | SummaryResult

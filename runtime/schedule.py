@@ -51,7 +51,7 @@ def units(plan: Any, start: int, *, batches_per_task: int, checkpoint_every: int
             yield Unit("checkpoint", index, index, plan.step_after(index))
 
 
-def unit_op(unit: Unit, run_dir: RunDirectory) -> Request:
+def unit_op(unit: Unit, run_dir: RunDirectory) -> Request[Any]:
     """The worker request a unit stands for (identical for the task and for pipelined pre-submission)."""
     if unit.kind == "advance":
         return Advance(first=unit.first, through=unit.through)

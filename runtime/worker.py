@@ -36,10 +36,12 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect_gliner2.runtime.errors import WorkerDied
 from prefect_gliner2.runtime.protocol import Call, Close, Init, RemoteError, Reply, Request, WorkerSpec, decode_error
+
+R = TypeVar("R")
 
 __all__ = ["SessionWorker", "Ticket", "WorkerSpec"]
 
@@ -52,7 +54,7 @@ class Ticket:
 
     __slots__ = ("op_id", "request", "incarnation", "_event", "_ok", "_value")
 
-    def __init__(self, op_id: int, request: Request | None, incarnation: str) -> None:
+    def __init__(self, op_id: int, request: Request[Any] | None, incarnation: str) -> None:
         self.op_id, self.request, self.incarnation = op_id, request, incarnation
         self._event = threading.Event()
         self._ok = False
@@ -85,7 +87,7 @@ class _Link:
         self.process, self.conn = process, conn
         self.incarnation, self.restored_from = incarnation, restored_from
         self.calls: dict[int, Ticket] = {}
-        self.by_request: dict[Request, Ticket] = {}
+        self.by_request: dict[Request[Any], Ticket] = {}
         self.dead = False
         self.init: Ticket = Ticket(0, None, incarnation)
 
@@ -191,7 +193,7 @@ class SessionWorker:
 
     # ---- operations ----------------------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> Ticket:
+    def submit(self, request: Request[Any]) -> Ticket:
         """Send `request` now, or return the identical request sent earlier on this incarnation and not consumed
         yet (pipelining: a task joins the operation sent ahead for it). Starts a fresh child if needed."""
         with self._lock:
@@ -211,13 +213,14 @@ class SessionWorker:
                 pass  # the reader notices the death and fails the ticket
             return ticket
 
-    def call(self, request: Request, timeout: float | None = None) -> Any:
+    def call(self, request: Request[R], timeout: float | None = None) -> R:
         """Submit `request` (or join the same request sent earlier and not consumed yet) and wait for its result
         (the protocol's result dataclass for that request)."""
         ticket = self.submit(request)
         link = self._link
         try:
-            return ticket.result(timeout)
+            result: R = ticket.result(timeout)
+            return result
         except WorkerDied:
             if link is not None and link.init.done() and not link.init._ok:
                 raise link.init._value from None  # the child could not even start: that error is the cause
@@ -226,7 +229,7 @@ class SessionWorker:
             if ticket.done():
                 self._forget(ticket)
 
-    def release(self, request: Request) -> None:
+    def release(self, request: Request[Any]) -> None:
         """Drop the record of a request sent ahead that nobody will consume (e.g. its task was a cache hit)."""
         link = self._link
         if link is not None:

@@ -41,7 +41,7 @@ def checkpoint(run_key: str, index: int, step: int) -> CheckpointResult:
     logger = get_run_logger()
     run.lease.check()
     name = checkpoint_name(step, index)
-    info: CheckpointResult = call_worker(run_key, Checkpoint(index=index, uri=run.run_dir.checkpoint_uri(name)))
+    info = call_worker(run_key, Checkpoint(index=index, uri=run.run_dir.checkpoint_uri(name)))
     if not info.committed:
         logger.warning("no checkpoint at batch %d: %s", index, info.reason)
         return info

@@ -23,6 +23,6 @@ __all__ = ["export_model"]
 )
 def export_model(run_key: str, uri: str, which: str = "best") -> ExportResult:
     """Export the best model (when validation selected one) or the final model to `uri`."""
-    info: ExportResult = call_worker(run_key, Export(uri=uri, which=which))
+    info = call_worker(run_key, Export(uri=uri, which=which))
     get_run_logger().info("exported the %s model (step %s) to %s", info.label, info.step, uri)
     return info

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
 
@@ -28,6 +28,7 @@ from prefect_gliner2.runtime.protocol import Advance, AdvanceResult, Request
 
 __all__ = ["TASK_RETRIES", "call_worker", "position_cache_key", "train_batches"]
 
+R = TypeVar("R")
 TASK_RETRIES = 3
 RETRY_DELAY_SECONDS = 1.0
 CACHE_EXPIRATION = timedelta(days=7)
@@ -49,7 +50,7 @@ def position_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-def call_worker(run_key: str, request: Request) -> Any:
+def call_worker(run_key: str, request: Request[R]) -> R:
     """Run one worker request for a task, starting (and logging) a fresh worker if the last one died; returns the
     protocol's result for that request."""
     run = live_runs.get(run_key)
@@ -85,7 +86,7 @@ POSITION_TASK: dict[str, Any] = {
 )
 def train_batches(run_key: str, first: int, through: int) -> AdvanceResult:
     """Advance the session through batch `through` (training `first`..`through`); returns their update metrics."""
-    result: AdvanceResult = call_worker(run_key, Advance(first=first, through=through))
+    result = call_worker(run_key, Advance(first=first, through=through))
     if result.replayed:
         logger = get_run_logger()
         logger.info("replayed %d batch(es) before batch %d from the restored checkpoint", result.replayed, first)

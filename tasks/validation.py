@@ -21,7 +21,7 @@ __all__ = ["validate"]
 )
 def validate(run_key: str, index: int) -> ValidateResult:
     """The validation after batch `index`: native eval losses, best selection, early stopping."""
-    result: ValidateResult = call_worker(run_key, Validate(index=index))
+    result = call_worker(run_key, Validate(index=index))
     metrics = result.metrics or {}
     get_run_logger().info(
         "validation after batch %d (step %s): eval_loss %s; best %s at step %s%s",

@@ -155,3 +155,20 @@ def test_before_commit_runs_once_the_files_are_written_and_a_failure_commits_not
     with pytest.raises(OSError, match="full"):
         write_checkpoint(str(tmp_path / "no"), {"a.bin": b"abc"}, {}, before_commit=refuse)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok"]  # nothing committed, no staging debris
+
+
+def test_every_error_class_of_ours_survives_the_pipe() -> None:
+    from prefect_gliner2.runtime import errors as runtime_errors
+    from prefect_gliner2.session_core import errors as core_errors
+
+    classes = [
+        cls
+        for module in (core_errors, runtime_errors)
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == module.__name__
+    ]
+    assert len(classes) >= 15
+    for cls in classes:
+        original = cls(errno.EROFS, "read-only") if issubclass(cls, OSError) else cls(f"{cls.__name__} happened")
+        rebuilt = _through_the_pipe(original)
+        assert type(rebuilt) is cls and str(rebuilt) == str(original) and rebuilt.args == original.args, cls
