@@ -15,6 +15,7 @@ from typing import Any
 from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.live_runs import LiveRun
+from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, Request, ValidateResult
 from prefect_gliner2.runtime.schedule import Unit, unit_op, units
 from prefect_gliner2.tasks.checkpoints import checkpoint
 from prefect_gliner2.tasks.training import train_batches
@@ -26,11 +27,11 @@ __all__ = ["DriveResult", "drive", "run_unit"]
 @dataclass
 class DriveResult:
     stopped_early: bool = False
-    last_checkpoint: dict[str, Any] | None = None
+    last_checkpoint: CheckpointResult | None = None
     units_run: int = 0
 
 
-def run_unit(run_key: str, unit: Unit) -> dict[str, Any]:
+def run_unit(run_key: str, unit: Unit) -> AdvanceResult | ValidateResult | CheckpointResult:
     """Run one unit as its Prefect task (synchronously, in the flow's thread)."""
     if unit.kind == "advance":
         return train_batches(run_key, unit.first, unit.through)
@@ -48,11 +49,11 @@ def drive(
     pipeline_depth: int,
     validate_runs: bool,
     reporter: RunReporter,
-    then: tuple[str, dict[str, Any]] | None = None,
+    then: Request[Any] | None = None,
 ) -> DriveResult:
     """Run every unit from batch `start` to the end of the plan (or to early stopping).
 
-    `then` is the worker operation that follows the last unit (the export); when pipelining, it is sent ahead too.
+    `then` is the worker request that follows the last unit (the export); when pipelining, it is sent ahead too.
     """
     plan = run.plan
     source = units(
@@ -73,22 +74,21 @@ def drive(
         if pipeline_depth:
             _presubmit(run, pending, sent)
             if exhausted and then is not None and run.worker.alive:
-                run.worker.submit(then[0], **then[1])  # joined by the export task (or re-sent by it)
+                run.worker.submit(then)  # joined by the export task (or re-sent by it)
         unit = pending.popleft()
         result = run_unit(run.run_key, unit)
         if sent.pop(unit, None) is not None:
-            op, args = unit_op(unit, run.run_dir)
-            run.worker.release(op, **args)  # a cached task never consumed its pre-sent call
+            run.worker.release(unit_op(unit, run.run_dir))  # a cached task never consumed its pre-sent request
         outcome.units_run += 1
         faults.hit("unit", unit.through)
-        if unit.kind == "advance":
+        if isinstance(result, AdvanceResult):
             reporter.progress(result)
-        elif unit.kind == "checkpoint":
+        elif isinstance(result, CheckpointResult):
             outcome.last_checkpoint = result
             reporter.checkpoint(result)
         else:
             reporter.validation(result)
-            if result.get("stopped_early"):
+            if result.stopped_early:
                 outcome.stopped_early = True
                 outcome.last_checkpoint = _final_checkpoint(run, unit, pending, reporter)
                 return outcome
@@ -102,15 +102,15 @@ def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str]) -> Non
     for unit in pending:
         if incarnation is None or sent.get(unit) == incarnation:
             continue
-        op, args = unit_op(unit, run.run_dir)
-        worker.submit(op, **args)
+        worker.submit(unit_op(unit, run.run_dir))
         sent[unit] = incarnation
 
 
-def _final_checkpoint(run: LiveRun, stop: Unit, pending: deque[Unit], reporter: RunReporter) -> dict[str, Any]:
+def _final_checkpoint(run: LiveRun, stop: Unit, pending: deque[Unit], reporter: RunReporter) -> CheckpointResult:
     """Early stopping fired at `stop`: make the stopped state durable with a checkpoint at that batch."""
     step = run.plan.step_after(stop.through)
     unit = next((u for u in pending if u.kind == "checkpoint" and u.through == stop.through), None)
-    result = run_unit(run.run_key, unit or Unit("checkpoint", stop.through, stop.through, step))
+    target = unit or Unit("checkpoint", stop.through, stop.through, step)
+    result = checkpoint(run.run_key, target.through, target.step)
     reporter.checkpoint(result)
     return result

@@ -4,6 +4,10 @@ a markdown summary at the end, and in-process listeners (the CLI's progress bar)
 API calls are throttled (at most one round every ``interval`` seconds, plus one at every checkpoint, validation and
 at the end) and made from a background thread, so reporting never stalls training. Reporting never fails a run:
 an API error is logged and training goes on.
+
+The background threads use their own API client (the flow's closes when the flow ends, and a thread may still be
+finishing its last jobs then) and name the flow run explicitly; they start from an empty context plus a copy of the
+flow's Prefect settings (which API to talk to), so no Prefect context variable is reset or overwritten.
 """
 
 from __future__ import annotations
@@ -11,13 +15,17 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 from uuid import UUID
+
+from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
 
 __all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener", "rounded", "validation_rows"]
 
@@ -26,6 +34,7 @@ NAME_LABEL = "prefect-gliner2.flow-run-name"  # the name Prefect generated (the 
 RESUMES_LABEL = "prefect-gliner2.resumes"  # the flow run that held this run key before
 RESUMED_BY_LABEL = "prefect-gliner2.resumed-by"  # on that earlier run: the flow run that continued it
 Listener = Callable[[str, dict[str, Any]], None]
+Job = Callable[[Any], Any]  # called with the lane's SyncPrefectClient
 _LISTENERS: list[Listener] = []
 _TABLE_KEYS = (
     "step",
@@ -64,19 +73,22 @@ def rounded(value: Any, digits: int = 6) -> Any:
 
 
 class _Lane:
-    """One background thread running jobs in order, inside a copy of the creating thread's context."""
+    """One background thread running jobs in order with its own API client, under the creating thread's Prefect
+    settings (and no other context)."""
 
     def __init__(self, name: str, run_key: str) -> None:
+        from prefect.context import get_settings_context
+
         self.run_key = run_key
         self.abandoned = False
-        self.jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
-        context = contextvars.copy_context()
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.settings = get_settings_context().model_copy()  # entered in the thread's own, empty context
         self.thread: threading.Thread | None = threading.Thread(
-            target=context.run, args=(self._serve,), name=name, daemon=True
+            target=contextvars.Context().run, args=(self._serve,), name=name, daemon=True
         )
         self.thread.start()
 
-    def submit(self, job: Callable[[], Any]) -> None:
+    def submit(self, job: Job) -> None:
         if self.thread is not None:
             self.jobs.put(job)
 
@@ -92,19 +104,15 @@ class _Lane:
         return done
 
     def _serve(self) -> None:
-        from prefect.context import AsyncClientContext, SyncClientContext
+        from prefect.client.orchestration import get_client
 
-        # Our own API client: the flow's client (in the copied context) is closed when the flow ends, and this
-        # thread may still be finishing its last jobs then.
-        SyncClientContext.__var__.set(None)  # type: ignore[arg-type]
-        AsyncClientContext.__var__.set(None)  # type: ignore[arg-type]
-        with SyncClientContext.get_or_create():
+        with self.settings, get_client(sync_client=True) as client:
             while True:
                 job = self.jobs.get()
                 if job is None:
                     return
                 try:
-                    job()
+                    job(client)
                 except Exception as exc:  # noqa: BLE001 - reporting must never fail a training run
                     # after the run ended (an abandoned best-effort lane), the server may be gone: not worth a warning
                     log = logger.debug if self.abandoned else logger.warning
@@ -157,16 +165,18 @@ class RunReporter:
             self.labels[NAME_LABEL] = earlier or flow_run.name
         if resumes and resumes != self.flow_run_id and self._labels is not None:
             self.labels[RESUMES_LABEL] = resumes
-            self._labels.submit(lambda: _label(resumes, {RESUMED_BY_LABEL: str(self.flow_run_id)}))
+            self._labels.submit(
+                lambda client: client.update_flow_run_labels(UUID(resumes), {RESUMED_BY_LABEL: str(self.flow_run_id)})
+            )
 
     def start(self, cursor: int, step: int) -> None:
         self.state.update(cursor=cursor, step=step, epoch=self._epoch(cursor))
         self._emit("start", self._position())
         self._push(force=True)
 
-    def progress(self, result: dict[str, Any]) -> None:
-        self.state.update(cursor=result["cursor"], step=result["step"], epoch=result["epoch"])
-        updates = result.get("updates") or []
+    def progress(self, result: AdvanceResult) -> None:
+        self.state.update(cursor=result.cursor, step=result.step, epoch=result.epoch)
+        updates = result.updates
         if updates:
             self.state.update(loss=updates[-1].get("loss"), learning_rate=updates[-1].get("learning_rate"))
         self._emit("progress", {**self._position(), "loss": updates[-1]["loss"] if updates else None})
@@ -176,24 +186,24 @@ class RunReporter:
             _run_logger().info("%s: %s", self.run_key, self.where())
         self._push()
 
-    def validation(self, result: dict[str, Any]) -> None:
-        self.validations = list(result.get("history") or self.validations)  # the whole history, also on resume
-        self._emit("validation", dict(result))
-        metrics = {k: v for k, v in (result.get("metrics") or {}).items() if isinstance(v, (int, float))}
+    def validation(self, result: ValidateResult) -> None:
+        self.validations = list(result.history or self.validations)  # the whole history, also on resume
+        self._emit("validation", asdict(result))
+        metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
         if self.flow_run_id is not None:
             from prefect_gliner2.flows.events import VALIDATION_COMPLETED, emit_run_event
 
-            payload = {"run_dir": self.run_dir, "metrics": metrics, "step": result.get("step")}
-            payload |= {"batch": result.get("index"), "epoch": self._epoch(int(result.get("index") or 0)) + 1}
-            payload |= {"best_metric": result.get("best_metric"), "best_step": result.get("best_step")}
+            payload: dict[str, Any] = {"run_dir": self.run_dir, "metrics": metrics, "step": result.step}
+            payload |= {"batch": result.index, "epoch": self._epoch(int(result.index or 0)) + 1}
+            payload |= {"best_metric": result.best_metric, "best_step": result.best_step}
             emit_run_event(VALIDATION_COMPLETED, self.run_key, self.flow_run_id, payload)
         rows = validation_rows(self.validations)
-        self._submit(lambda: self._table(rows))
+        self._submit(lambda client: self._table(client, rows))
         self._push(force=True)
 
-    def checkpoint(self, info: dict[str, Any]) -> None:
-        self._emit("checkpoint", dict(info))
-        _run_logger().info("%s: checkpoint %s at %s", self.run_key, info.get("name"), self.where())
+    def checkpoint(self, info: CheckpointResult) -> None:
+        self._emit("checkpoint", asdict(info))
+        _run_logger().info("%s: checkpoint %s at %s", self.run_key, info.name, self.where())
         self._push(force=True)
 
     def finish(self, summary: dict[str, Any], cursor: Any = None, timeout: float = 30.0) -> None:
@@ -206,8 +216,8 @@ class RunReporter:
         validations = list(self.validations)
         if validations:
             rows = validation_rows(validations)
-            self._submit(lambda: self._table(rows))
-        self._submit(lambda: self._markdown(summary, validations))
+            self._submit(lambda client: self._table(client, rows))
+        self._submit(lambda client: self._markdown(client, summary, validations))
         self._push(force=True, final=True)
         self.close(timeout, labels_timeout=timeout)
 
@@ -264,87 +274,82 @@ class RunReporter:
             self._labels_queued = True
             self._labels.submit(self._labels_now)
 
-    def _submit(self, job: Callable[[], Any]) -> None:
+    def _submit(self, job: Job) -> None:
         if self._ui is not None:
             self._ui.submit(job)
 
-    def _push_now(self) -> None:
-        from prefect.client.orchestration import get_client
-
+    def _push_now(self, client: Any) -> None:
         self._push_queued = False
         s, final = dict(self.state), self._final
         percent = 100.0 if final else round(100.0 * s["cursor"] / max(self.plan.batch_count, 1), 1)
         where = self.where(s)
-        self._upsert("progress", percent, f"{self.run_key}: {where}")
+        self._upsert(client, "progress", percent, f"{self.run_key}: {where}")
         # The state message is not updated while running: every Running state the server accepts counts as a new
         # attempt (run_count), which would use up the flow's retries. The final message is the Completed state's.
-        with get_client(sync_client=True) as client:
-            client.update_flow_run(
-                UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
-            )
+        client.update_flow_run(
+            UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
+        )
 
-    def _labels_now(self) -> None:
-        from prefect.client.orchestration import get_client
-
+    def _labels_now(self, client: Any) -> None:
         self._labels_queued = False
         s = dict(self.state)
-        with get_client(sync_client=True) as client:
-            client.update_flow_run_labels(
-                UUID(str(self.flow_run_id)),
-                {
-                    **self.labels,
-                    "prefect-gliner2.run-key": self.run_key,
-                    "prefect-gliner2.epoch": s["epoch"] + 1,
-                    "prefect-gliner2.batch": s["cursor"],
-                    "prefect-gliner2.step": s["step"],
-                },
-            )
+        client.update_flow_run_labels(
+            UUID(str(self.flow_run_id)),
+            {
+                **self.labels,
+                "prefect-gliner2.run-key": self.run_key,
+                "prefect-gliner2.epoch": s["epoch"] + 1,
+                "prefect-gliner2.batch": s["cursor"],
+                "prefect-gliner2.step": s["step"],
+            },
+        )
 
-    def _upsert(self, what: str, data: Any, description: str) -> None:
-        """Update this run key's artifact `what` in place; create it when the run key has none yet."""
-        from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.actions import ArtifactUpdate
+    def _upsert(self, client: Any, what: str, data: Any, description: str) -> None:
+        """Update this run key's artifact `what` in place; create it (for this flow run, named explicitly: the
+        lane has no run context) when the run key has none yet."""
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 
         key = artifact_key(self.run_key, what)
         if what not in self._artifacts:
-            self._artifacts[what] = _latest_artifact_id(key)
+            self._artifacts[what] = _latest_artifact_id(client, key)
         artifact_id = self._artifacts[what]
+        stored = json.dumps(_finite_or_none(data)) if what == "validation" else data
         if artifact_id is not None:
-            stored = json.dumps(data) if what == "validation" else data
-            with get_client(sync_client=True) as client:
-                client.update_artifact(artifact_id, ArtifactUpdate(data=stored, description=description))
-        elif what == "progress":
-            self._artifacts[what] = create_progress_artifact(data, key=key, description=description)
-        elif what == "validation":
-            self._artifacts[what] = create_table_artifact(data, key=key, description=description)
-        else:
-            self._artifacts[what] = create_markdown_artifact(data, key=key, description=description)
+            client.update_artifact(artifact_id, ArtifactUpdate(data=stored, description=description))
+            return
+        kind = {"progress": "progress", "validation": "table"}.get(what, "markdown")
+        request = ArtifactCreate(
+            type=kind, key=key, description=description, data=stored, flow_run_id=UUID(str(self.flow_run_id))
+        )
+        self._artifacts[what] = client.create_artifact(artifact=request).id
 
-    def _table(self, rows: list[dict[str, Any]]) -> None:
-        self._upsert("validation", rows, f"validation history of {self.run_key} (epochs from 1)")
+    def _table(self, client: Any, rows: list[dict[str, Any]]) -> None:
+        self._upsert(client, "validation", rows, f"validation history of {self.run_key} (epochs from 1)")
 
-    def _markdown(self, summary: dict[str, Any], validations: list[dict[str, Any]]) -> None:
-        named = {**summary, "flow_run_name": self.labels.get("prefect-gliner2.flow-run-name")}
-        self._upsert("summary", summary_markdown(self.run_key, named, validations), f"summary of {self.run_key}")
-
-
-def _label(flow_run_id: str, labels: dict[str, Any]) -> None:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        client.update_flow_run_labels(UUID(flow_run_id), labels)
+    def _markdown(self, client: Any, summary: dict[str, Any], validations: list[dict[str, Any]]) -> None:
+        named = {**summary, "flow_run_name": self.labels.get(NAME_LABEL)}
+        text = summary_markdown(self.run_key, named, validations)
+        self._upsert(client, "summary", text, f"summary of {self.run_key}")
 
 
-def _latest_artifact_id(key: str) -> Any:
-    from prefect.client.orchestration import get_client
+def _finite_or_none(value: Any) -> Any:
+    """JSON-safe table cells: NaN and infinities become None (as Prefect's table artifacts do)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_finite_or_none(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    return value
+
+
+def _latest_artifact_id(client: Any, key: str) -> Any:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.client.schemas.sorting import ArtifactSort
 
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
-        )
+    found = client.read_artifacts(
+        artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+    )
     return found[0].id if found else None
 
 

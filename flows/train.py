@@ -39,7 +39,7 @@ from prefect_gliner2.flows.events import (
 )
 from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.reporting import RunReporter
-from prefect_gliner2.runtime import live_runs
+from prefect_gliner2.runtime import faults, live_runs
 from prefect_gliner2.runtime.errors import (
     RunConflictError,
     StorageFullError,
@@ -50,6 +50,7 @@ from prefect_gliner2.runtime.errors import (
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
+from prefect_gliner2.runtime.protocol import Export, ExportResult, Status
 from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
@@ -349,6 +350,7 @@ def _open(
         cpu_threads=threads,
         device=device,
         init_weights=init_weights,
+        faults=faults.installed(),  # None unless test code installed a fault plan in this process
     )
     existing = live_runs.lookup(run_dir.run_key)
     if (
@@ -394,7 +396,7 @@ def check_runnable(prepared: PreparedRun, device: str | None) -> None:
 def _check_hardware(live: LiveRun, bf16: bool, device: str | None) -> None:
     """bf16 or an explicit CUDA device: wait for the worker's session so a hardware refusal fails the run now."""
     if bf16 or (device or "").startswith("cuda"):
-        live.worker.call("status")
+        live.worker.call(Status())
 
 
 def _check_init_weights(uri: str) -> None:
@@ -453,12 +455,12 @@ def _train(
                 pipeline_depth=pipeline_depth,
                 validate_runs=prepared.has_validation,
                 reporter=reporter,
-                then=("export", {"uri": export_uri, "which": "best"}),
+                then=Export(uri=export_uri, which="best"),
             )
         info = export_model(live.run_key, export_uri, "best")
         final = run_dir.read_cursor()
         summary = _summary(live, info, final, start, outcome)
-        reporter.validations = list(info.get("eval_metrics_history") or reporter.validations)
+        reporter.validations = list(info.summary.eval_metrics_history or reporter.validations)
         if final is not None and final.finished:
             durable = {k: v for k, v in summary.items() if k not in ("units_run", "worker_starts", "flow_run_id")}
             run_dir.commit_cursor(dataclasses.replace(final, export=export_uri, summary=durable))
@@ -521,21 +523,22 @@ def _emit_failed(run_dir: RunDirectory, flow_run_id: str | None, exc: BaseExcept
         get_run_logger().warning("could not emit %s for run %s", RUN_FAILED, run_dir.run_key)
 
 
-def _summary(live: LiveRun, info: dict[str, Any], cursor: Any, start: int, outcome: DriveResult) -> dict[str, Any]:
-    best = info.get("best_metric")
+def _summary(live: LiveRun, info: ExportResult, cursor: Any, start: int, outcome: DriveResult) -> dict[str, Any]:
+    native = info.summary
+    best = native.best_metric
     return {
         "run_key": live.run_key,
         "run_dir": live.run_dir.uri,
-        "export": info.get("uri"),
-        "label": info.get("label"),
+        "export": info.uri,
+        "label": info.label,
         "checkpoint": cursor.checkpoint if cursor is not None else None,
         "checkpoints": live.run_dir.checkpoints_uri,
-        "total_steps": info.get("total_steps"),
-        "total_epochs": info.get("total_epochs"),
+        "total_steps": native.total_steps,
+        "total_epochs": native.total_epochs,
         "best_metric": best if isinstance(best, (int, float)) and abs(best) != float("inf") else None,
-        "best_step": info.get("best_step"),
+        "best_step": native.best_step,
         "metric_for_best": live.plan.config.metric_for_best,
-        "stopped_early": bool(info.get("stopped_early")),
+        "stopped_early": bool(native.stopped_early),
         "batch_count": live.plan.batch_count,
         "resumed_from_batch": start,
         "units_run": outcome.units_run,

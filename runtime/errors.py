@@ -43,12 +43,13 @@ class WorkerDied(RuntimeError):
 class WorkerError(RuntimeError):
     """An unexpected exception inside the worker (not a session_core error); the worker was discarded."""
 
-    def __init__(self, message: str, remote_traceback: str = "") -> None:
+    def __init__(self, message: str, remote_traceback: str = "", remote_type: str = "") -> None:
         super().__init__(message)
         self.remote_traceback = remote_traceback
+        self.remote_type = remote_type  # the exception's type in the worker, e.g. "RuntimeError"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.remote_traceback))
+        return (type(self), (str(self), self.remote_traceback, self.remote_type))
 
 
 class RunKeyError(ConfigError):

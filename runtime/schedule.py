@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Request, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core.layout import checkpoint_name
 
@@ -51,13 +52,10 @@ def units(plan: Any, start: int, *, batches_per_task: int, checkpoint_every: int
             yield Unit("checkpoint", index, index, plan.step_after(index))
 
 
-def unit_op(unit: Unit, run_dir: RunDirectory) -> tuple[str, dict[str, Any]]:
-    """The worker operation a unit stands for (identical for the task and for pipelined pre-submission)."""
+def unit_op(unit: Unit, run_dir: RunDirectory) -> Request[Any]:
+    """The worker request a unit stands for (identical for the task and for pipelined pre-submission)."""
     if unit.kind == "advance":
-        return "advance", {"first": unit.first, "through": unit.through}
+        return Advance(first=unit.first, through=unit.through)
     if unit.kind == "validate":
-        return "validate", {"index": unit.through}
-    return "checkpoint", {
-        "index": unit.through,
-        "uri": run_dir.checkpoint_uri(checkpoint_name(unit.step, unit.through)),
-    }
+        return Validate(index=unit.through)
+    return Checkpoint(index=unit.through, uri=run_dir.checkpoint_uri(checkpoint_name(unit.step, unit.through)))

@@ -6,16 +6,19 @@ optimizer and RNGs and executes operations strictly in the order they were sent.
     worker = SessionWorker(WorkerSpec(model="tiny:span", manifest_uri=".../manifest.json", cpu_threads=1),
                            restore_locator=run_dir.newest_checkpoint_uri)
     worker.start()                                   # spawns; the child restores the newest committed checkpoint
-    worker.call("advance", first=0, through=5)       # wait for a result (re-raises remote errors)
-    ticket = worker.submit("advance", first=6, through=6)   # pipelined: send now ...
-    worker.call("advance", first=6, through=6)       # ... and join it later (same result, sent once)
+    worker.call(Advance(first=0, through=5))         # wait for its AdvanceResult (re-raises remote errors)
+    ticket = worker.submit(Advance(first=6, through=6))     # pipelined: send now ...
+    worker.call(Advance(first=6, through=6))         # ... and join it later (same result, sent once)
     worker.close()
+
+Requests and results are the frozen dataclasses of ``prefect_gliner2.runtime.protocol``.
 
 Operations are idempotent positions ("advance the session through batch i"), so replaying, re-sending or
 skipping one never changes what the session computes. If the child dies, every outstanding call raises
 ``WorkerDied``; the next ``submit`` starts a fresh child from ``restore_locator()`` (a new *incarnation*). A
-remote ``session_core`` error is re-raised as the same class (deterministic); any other remote exception becomes
-``WorkerError`` (transient). A child that raised is never reused: it exits after reporting.
+remote ``SessionCoreError`` is re-raised as the same class with the same fields and the remote traceback attached
+(deterministic); any other remote exception becomes ``WorkerError`` naming its type (transient). A child that
+raised is never reused: it exits after reporting.
 
 The child is spawned from one long-lived thread of this process, so Linux's parent-death signal (which fires when
 the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe.
@@ -23,7 +26,6 @@ the spawning *thread* ends) fires only when the process dies; the child also wat
 
 from __future__ import annotations
 
-import importlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -34,39 +36,26 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from prefect_gliner2.runtime.errors import WorkerDied, WorkerError, storage_full_error
+from prefect_gliner2.runtime.errors import WorkerDied
+from prefect_gliner2.runtime.protocol import Call, Close, Init, RemoteError, Reply, Request, WorkerSpec, decode_error
+
+R = TypeVar("R")
 
 __all__ = ["SessionWorker", "Ticket", "WorkerSpec"]
 
 logger = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")
-_REMOTE_ERROR_MODULES = ("prefect_gliner2.session_core.errors", "prefect_gliner2.runtime.errors")
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker needs to build its session: small, picklable, no torch objects."""
-
-    model: str
-    manifest_uri: str
-    cpu_threads: int = 1
-    device: str | None = None
-    init_weights: str | None = None  # weights a fresh run starts from (not applied when restoring a checkpoint)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class Ticket:
     """One operation sent to one worker incarnation; ``result()`` waits for it."""
 
-    __slots__ = ("op_id", "key", "incarnation", "_event", "_ok", "_value")
+    __slots__ = ("op_id", "request", "incarnation", "_event", "_ok", "_value")
 
-    def __init__(self, op_id: int, key: tuple[Any, ...], incarnation: str) -> None:
-        self.op_id, self.key, self.incarnation = op_id, key, incarnation
+    def __init__(self, op_id: int, request: Request[Any] | None, incarnation: str) -> None:
+        self.op_id, self.request, self.incarnation = op_id, request, incarnation
         self._event = threading.Event()
         self._ok = False
         self._value: Any = None
@@ -81,10 +70,14 @@ class Ticket:
 
     def result(self, timeout: float | None = None) -> Any:
         if not self._event.wait(timeout):
-            raise TimeoutError(f"session worker operation {self.key[0]} did not finish within {timeout} s")
+            raise TimeoutError(f"session worker operation {self.op} did not finish within {timeout} s")
         if not self._ok:
             raise self._value
         return self._value
+
+    @property
+    def op(self) -> str:
+        return self.request.op if self.request is not None else "init"
 
 
 class _Link:
@@ -94,9 +87,9 @@ class _Link:
         self.process, self.conn = process, conn
         self.incarnation, self.restored_from = incarnation, restored_from
         self.calls: dict[int, Ticket] = {}
-        self.by_key: dict[tuple[Any, ...], Ticket] = {}
+        self.by_request: dict[Request[Any], Ticket] = {}
         self.dead = False
-        self.init: Ticket = Ticket(0, ("init",), incarnation)
+        self.init: Ticket = Ticket(0, None, incarnation)
 
 
 class SessionWorker:
@@ -163,7 +156,7 @@ class SessionWorker:
         child_conn.close()
         link = _Link(process, parent_conn, incarnation, restore)
         link.calls[0] = link.init
-        parent_conn.send(("init", self.spec.to_dict(), restore))
+        parent_conn.send(Init(self.spec, restore))
         self._link = link
         self.starts += 1
         threading.Thread(target=self._read, args=(link,), name=f"{self.name}-reader", daemon=True).start()
@@ -182,7 +175,7 @@ class SessionWorker:
             return
         if not link.dead:
             try:
-                link.conn.send(("close",))
+                link.conn.send(Close())
             except (OSError, ValueError):
                 pass
         if wait:
@@ -200,33 +193,34 @@ class SessionWorker:
 
     # ---- operations ----------------------------------------------------------------------------------------
 
-    def submit(self, op: str, **args: Any) -> Ticket:
-        """Send `op` now, or return the identical call sent earlier on this incarnation and not consumed yet
-        (pipelining: a task joins the operation sent ahead for it). Starts a fresh child if needed."""
-        key = (op, tuple(sorted(args.items())))
+    def submit(self, request: Request[Any]) -> Ticket:
+        """Send `request` now, or return the identical request sent earlier on this incarnation and not consumed
+        yet (pipelining: a task joins the operation sent ahead for it). Starts a fresh child if needed."""
         with self._lock:
             self.start()
             link = self._link
             assert link is not None
-            existing = link.by_key.get(key)
+            existing = link.by_request.get(request)
             if existing is not None:
                 return existing
-            ticket = Ticket(self._next_id, key, link.incarnation)
+            ticket = Ticket(self._next_id, request, link.incarnation)
             self._next_id += 1
             link.calls[ticket.op_id] = ticket
-            link.by_key[key] = ticket
+            link.by_request[request] = ticket
             try:
-                link.conn.send((ticket.op_id, op, args))
+                link.conn.send(Call(ticket.op_id, request))
             except (OSError, ValueError):
                 pass  # the reader notices the death and fails the ticket
             return ticket
 
-    def call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
-        """Submit `op` (or join the same call sent earlier and not consumed yet) and wait for its result."""
-        ticket = self.submit(op, **args)
+    def call(self, request: Request[R], timeout: float | None = None) -> R:
+        """Submit `request` (or join the same request sent earlier and not consumed yet) and wait for its result
+        (the protocol's result dataclass for that request)."""
+        ticket = self.submit(request)
         link = self._link
         try:
-            return ticket.result(timeout)
+            result: R = ticket.result(timeout)
+            return result
         except WorkerDied:
             if link is not None and link.init.done() and not link.init._ok:
                 raise link.init._value from None  # the child could not even start: that error is the cause
@@ -235,18 +229,18 @@ class SessionWorker:
             if ticket.done():
                 self._forget(ticket)
 
-    def release(self, op: str, **args: Any) -> None:
-        """Drop the record of a call sent ahead that nobody will consume (e.g. its task was a cache hit)."""
+    def release(self, request: Request[Any]) -> None:
+        """Drop the record of a request sent ahead that nobody will consume (e.g. its task was a cache hit)."""
         link = self._link
         if link is not None:
             with self._lock:
-                link.by_key.pop((op, tuple(sorted(args.items()))), None)
+                link.by_request.pop(request, None)
 
     def _forget(self, ticket: Ticket) -> None:
         with self._lock:
             link = self._link
-            if link is not None and link.by_key.get(ticket.key) is ticket:
-                del link.by_key[ticket.key]
+            if link is not None and ticket.request is not None and link.by_request.get(ticket.request) is ticket:
+                del link.by_request[ticket.request]
 
     # ---- reader --------------------------------------------------------------------------------------------
 
@@ -256,15 +250,19 @@ class SessionWorker:
             if link.conn not in ready:
                 break
             try:
-                op_id, status, payload = link.conn.recv()
+                reply: Reply = link.conn.recv()
             except (EOFError, OSError):
                 break
+            failed = isinstance(reply.result, RemoteError)
             with self._lock:
-                if status != "ok":
+                if failed:
                     link.dead = True  # a worker that raised exits; nothing more may be sent to it
-                ticket = link.calls.pop(op_id, None)  # stays in by_key until a caller consumes it
+                ticket = link.calls.pop(reply.op_id, None)  # stays in by_request until a caller consumes it
             if ticket is not None:
-                ticket.resolve(status == "ok", payload if status == "ok" else _remote_error(payload, link))
+                if isinstance(reply.result, RemoteError):
+                    ticket.resolve(False, decode_error(reply.result, link.process.pid))
+                else:
+                    ticket.resolve(True, reply.result)
         link.process.join(10)
         self._bury(link)
 
@@ -273,7 +271,7 @@ class SessionWorker:
             link.dead = True
             calls = list(link.calls.values())
             link.calls.clear()
-            link.by_key.clear()
+            link.by_request.clear()
         code = link.process.exitcode
         if code is not None and code < 0:
             how = f"killed by {signal.Signals(-code).name}"
@@ -285,7 +283,7 @@ class SessionWorker:
                 False,
                 WorkerDied(
                     f"session worker pid {link.process.pid} ({link.incarnation}) died ({how}) before finishing "
-                    f"{ticket.key[0]}; a retry starts a fresh worker from the newest committed checkpoint "
+                    f"{ticket.op}; a retry starts a fresh worker from the newest committed checkpoint "
                     f"(this one had started from {origin})"
                 ),
             )
@@ -300,25 +298,6 @@ def _reap(process: Any, timeout: float) -> None:
     if process.is_alive():
         process.kill()
         process.join(5)
-
-
-def _remote_error(payload: dict[str, Any], link: _Link) -> BaseException:
-    module, name, message = payload.get("module", ""), payload.get("type", "Exception"), payload.get("message", "")
-    code = payload.get("storage_errno")
-    if code:
-        return storage_full_error(code, f"{name} in session worker pid {link.process.pid}: {message}")
-    if module in _REMOTE_ERROR_MODULES:
-        cls = getattr(importlib.import_module(module), name, None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            try:
-                return cls(message)
-            except TypeError:
-                pass
-    return WorkerError(
-        f"{name} in session worker pid {link.process.pid}: {message}; the worker was discarded and a retry "
-        "restarts it from the newest committed checkpoint",
-        payload.get("traceback", ""),
-    )
 
 
 # ---- spawning from one long-lived thread --------------------------------------------------------------------

@@ -4,10 +4,15 @@ Started by ``prefect_gliner2.runtime.worker.SessionWorker`` in a spawn-context c
 PR_SET_PDEATHSIG, plus a watchdog on ``os.getppid()`` and pipe EOF), pins the torch thread count, builds the
 session from the run's manifest and restores the checkpoint it is given before answering anything.
 
-Every operation names a *position* in the plan and is idempotent: ``advance(first, through)`` trains (and runs due
-validations) until the cursor is past ``through``, replaying from a restored cursor when behind and only
-reporting recorded history when already past; ``validate``, ``checkpoint`` and ``export`` first advance to their
-position. So a skipped (cached) or repeated operation can never leave the session behind the plan.
+Requests and results are the dataclasses of ``prefect_gliner2.runtime.protocol``; ``HANDLERS`` maps each request
+type to the ``SessionRunner`` method that executes it. Every operation names a *position* in the plan and is
+idempotent: ``Advance(first, through)`` trains (and runs due validations) until the cursor is past ``through``,
+replaying from a restored cursor when behind and only reporting recorded history when already past; ``Validate``,
+``Checkpoint`` and ``Export`` first advance to their position. So a skipped (cached) or repeated operation can
+never leave the session behind the plan.
+
+Test fault injection reaches the worker only as ``WorkerSpec.faults`` (None in production); checkpoint and export
+writes run its ``checkpoint-write`` / ``export-write`` points through their ``before_commit`` callback.
 
 Importing this module is cheap (torch loads inside ``SessionRunner``), so the flow process can reference
 ``worker_main`` as the spawn target without importing torch.
@@ -16,6 +21,7 @@ Importing this module is cheap (torch loads inside ``SessionRunner``), so the fl
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -23,14 +29,32 @@ import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from prefect_gliner2.runtime import faults
-from prefect_gliner2.runtime.errors import permanent_storage_errno
+from prefect_gliner2.runtime.faults import FaultPlan
 from prefect_gliner2.runtime.model_sources import load_model
+from prefect_gliner2.runtime.protocol import (
+    Advance,
+    AdvanceResult,
+    Call,
+    Checkpoint,
+    CheckpointResult,
+    Close,
+    Export,
+    ExportResult,
+    Init,
+    Reply,
+    Result,
+    Status,
+    StatusResult,
+    Summary,
+    SummaryResult,
+    Validate,
+    ValidateResult,
+    WorkerSpec,
+    encode_error,
+)
 from prefect_gliner2.session_core import layout, storage
 
 PR_SET_PDEATHSIG = 1
@@ -42,47 +66,39 @@ def worker_main(conn: Any, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     _quiet_logging()
     try:
-        _, spec, restore = conn.recv()
+        init: Init = conn.recv()
     except (EOFError, OSError):
         os._exit(0)
     try:
-        runner = SessionRunner(spec, restore)
+        runner = SessionRunner(init.spec, init.restore)
     except BaseException as exc:  # noqa: BLE001 - reported to the client, then this process exits
         _reply_error(conn, 0, exc)
         os._exit(2)
-    conn.send((0, "ok", runner.op_status()))
+    conn.send(Reply(0, runner.status(Status())))
     _serve(conn, runner)
 
 
 def _serve(conn: Any, runner: SessionRunner) -> None:
     while True:
         try:
-            message = conn.recv()
+            message: Call | Close = conn.recv()
         except (EOFError, OSError):
             os._exit(0)  # the parent is gone
-        if message[0] == "close":
+        if isinstance(message, Close):
             runner.close()
             conn.close()
             return  # a normal exit: multiprocessing's finalizers release what the libraries registered
-        op_id, op, args = message
         try:
-            result = getattr(runner, f"op_{op}")(**args)
+            result = runner.execute(message.request)
         except BaseException as exc:  # noqa: BLE001 - a worker that raised is never reused
-            _reply_error(conn, op_id, exc)
+            _reply_error(conn, message.op_id, exc)
             os._exit(3)
-        conn.send((op_id, "ok", result))
+        conn.send(Reply(message.op_id, result))
 
 
 def _reply_error(conn: Any, op_id: int, exc: BaseException) -> None:
-    payload = {
-        "module": type(exc).__module__,
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "storage_errno": permanent_storage_errno(exc),
-    }
     try:
-        conn.send((op_id, "error", payload))
+        conn.send(Reply(op_id, encode_error(exc, os.getpid())))
         conn.close()
     except (OSError, ValueError):
         pass
@@ -116,21 +132,22 @@ def _quiet_logging() -> None:
 class SessionRunner:
     """The operations a worker executes, over one ManagedTraining."""
 
-    def __init__(self, spec: dict[str, Any], restore_uri: str | None) -> None:
+    def __init__(self, spec: WorkerSpec, restore_uri: str | None) -> None:
         import torch
 
-        torch.set_num_threads(int(spec["cpu_threads"]))
+        self.faults = spec.faults or FaultPlan()
+        torch.set_num_threads(int(spec.cpu_threads))
         from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
 
-        loaded = ManagedTrainingPlan.from_manifest(spec["manifest_uri"])
+        loaded = ManagedTrainingPlan.from_manifest(spec.manifest_uri)
         self.plan = loaded.plan
         lora = bool(self.plan.config.use_lora)
-        init = init_weights_dir(str(spec["init_weights"]), lora) if spec.get("init_weights") else None
+        init = init_weights_dir(spec.init_weights, lora) if spec.init_weights else None
         # New LoRA adapters over a full model's weights: that model *is* the frozen base, on a fresh start and on
         # every restore alike (a restore checks the base weights' hash), so load it as the base model.
         base_from_init = init is not None and lora and _is_native_model_dir(init)
-        model = load_model(init if base_from_init and init is not None else str(spec["model"]))
-        session = TrainingSession(model, self.plan.config, max_steps=self.plan.max_steps, device=spec.get("device"))
+        model = load_model(init if base_from_init and init is not None else spec.model)
+        session = TrainingSession(model, self.plan.config, max_steps=self.plan.max_steps, device=spec.device)
         evals = loaded.eval_examples
         self.run = ManagedTraining(session, self.plan, eval_examples=evals if evals else None)
         self.restored_from = restore_uri
@@ -150,104 +167,111 @@ class SessionRunner:
                 self._validate()
                 continue
             index = run.cursor
-            faults.hit("batch", index)
+            self.faults.hit("batch", index)
             run.train_batch()
             if first is not None and index < first:
                 replayed += 1
         return replayed
 
     def _validate(self) -> dict[str, Any]:
-        faults.hit("validate", self.run.cursor - 1)
+        self.faults.hit("validate", self.run.cursor - 1)
         return self.run.validate()
 
     # ---- operations ----------------------------------------------------------------------------------------
 
-    def op_status(self) -> dict[str, Any]:
-        run = self.run
-        return {
-            "pid": os.getpid(),
-            "cursor": run.cursor,
-            "step": run.session.step,
-            "finished": run.finished,
-            "validation_due": run.validation_due,
-            "stopped_early": run.stopped_early,
-            "restored_from": self.restored_from,
-            "cpu_threads": self.threads,
-            "device": str(run.session.device),
-            "batch_count": self.plan.batch_count,
-        }
+    def execute(self, request: Any) -> Result:
+        """Run one request through the handler its type maps to in HANDLERS."""
+        handler = HANDLERS.get(type(request))
+        if handler is None:
+            raise TypeError(
+                f"the session worker has no operation for {type(request).__name__}; send a runtime.protocol request"
+            )
+        return handler(self, request)
 
-    def op_advance(self, first: int, through: int) -> dict[str, Any]:
+    def status(self, request: Status) -> StatusResult:
+        run = self.run
+        return StatusResult(
+            pid=os.getpid(),
+            cursor=run.cursor,
+            step=run.session.step,
+            finished=run.finished,
+            validation_due=run.validation_due,
+            stopped_early=run.stopped_early,
+            restored_from=self.restored_from,
+            cpu_threads=self.threads,
+            device=str(run.session.device),
+            batch_count=self.plan.batch_count,
+        )
+
+    def advance(self, request: Advance) -> AdvanceResult:
+        first, through = request.first, request.through
         replayed = self._advance(through, first)
         run = self.run
         last = min(through, self.plan.batch_count - 1)
-        return {
-            "first": first,
-            "through": through,
-            "cursor": run.cursor,
-            "step": run.session.step,
-            "epoch": self.plan.epoch(last),
-            "replayed": replayed,
-            "stopped_early": run.stopped_early,
-            "updates": [h for h in run.train_metrics_history if first <= h["batch"] <= through],
-        }
+        return AdvanceResult(
+            first=first,
+            through=through,
+            cursor=run.cursor,
+            step=run.session.step,
+            epoch=self.plan.epoch(last),
+            replayed=replayed,
+            stopped_early=run.stopped_early,
+            updates=tuple(h for h in run.train_metrics_history if first <= h["batch"] <= through),
+        )
 
-    def op_validate(self, index: int) -> dict[str, Any]:
-        run = self.run
+    def validate(self, request: Validate) -> ValidateResult:
+        run, index = self.run, request.index
         self._advance(index)
         if run.validation_due and run.cursor == index + 1:
             metrics: dict[str, Any] | None = self._validate()
         else:
             metrics = next((h for h in run.eval_metrics_history if h["batch"] == index), None)
-        return {
-            "index": index,
-            "metrics": metrics,
-            "best_metric": run.best_metric,
-            "best_step": run.best_step,
-            "stopped_early": run.stopped_early,
-            "step": run.session.step,
-            "history": list(run.eval_metrics_history),
-        }
+        return ValidateResult(
+            index=index,
+            metrics=metrics,
+            best_metric=run.best_metric,
+            best_step=run.best_step,
+            stopped_early=run.stopped_early,
+            step=run.session.step,
+            history=tuple(run.eval_metrics_history),
+        )
 
-    def op_checkpoint(self, index: int, uri: str) -> dict[str, Any]:
-        run = self.run
+    def checkpoint(self, request: Checkpoint) -> CheckpointResult:
+        run, index, uri = self.run, request.index, request.uri
         self._advance(index)
         if run.validation_due and run.cursor == index + 1:
             self._validate()
-        info = {
-            "uri": uri,
-            "index": index,
-            "cursor": run.cursor,
-            "step": run.session.step,
-            "epoch": self.plan.epoch(index),
-            "finished": run.finished,
-            "stopped_early": run.stopped_early,
-            "best_metric": run.best_metric,
-            "best_step": run.best_step,
-        }
+        info = CheckpointResult(
+            uri=uri,
+            index=index,
+            cursor=run.cursor,
+            step=run.session.step,
+            epoch=self.plan.epoch(index),
+            finished=run.finished,
+            stopped_early=run.stopped_early,
+            best_metric=run.best_metric,
+            best_step=run.best_step,
+            committed=False,
+        )
         if run.cursor != index + 1:
-            return {
-                **info,
-                "committed": False,
-                "reason": f"the session is at cursor {run.cursor}, past batch {index}; nothing to write there",
-            }
+            reason = f"the session is at cursor {run.cursor}, past batch {index}; nothing to write there"
+            return dataclasses.replace(info, reason=reason)
         existing = _committed_meta(uri)
         if existing is not None:
             if existing.get("plan_fingerprint") != self.plan.fingerprint or existing.get("cursor") != run.cursor:
                 raise _checkpoint_conflict(uri, existing, run.cursor)
-            return {**info, "committed": True, "existing": True}
-        storage.remove_uncommitted(uri)  # debris of an interrupted write of this checkpoint (we hold the lease)
-        faults.hit("checkpoint", index)
-        with _write_hook("checkpoint-write", index):
-            digest = run.save_state(uri)
-        return {**info, "committed": True, "existing": False, "index_sha256": digest}
+            return dataclasses.replace(info, committed=True, existing=True)
+        storage.remove_uncommitted(uri)  # debris of an interrupted write (we hold the lease)
+        self.faults.hit("checkpoint", index)
+        digest = run.save_state(uri, before_commit=self._point("checkpoint-write", index))
+        return dataclasses.replace(info, committed=True, existing=False, index_sha256=digest)
 
-    def op_export(self, uri: str, which: str = "best") -> dict[str, Any]:
-        run = self.run
+    def export(self, request: Export) -> ExportResult:
+        run, uri = self.run, request.uri
         self._advance(self.plan.batch_count - 1)
         if run.validation_due:
             self._validate()
-        label = "best" if which == "best" and run.best_state is not None else "final"
+        label = "best" if request.which == "best" and run.best_state is not None else "final"
         existing = _existing_export(uri)
         if existing is not None:
             if existing.get("label") != label or existing.get("step") != run.session.step:
@@ -257,20 +281,32 @@ class SessionRunner:
                     f"export destination {uri} already holds a different model ({existing.get('label')} "
                     f"at step {existing.get('step')}); choose a new export location"
                 )
-            info = dict(existing)
+            record = existing
         else:
-            with _write_hook("export-write", self.plan.batch_count - 1):
-                info = run.export_weights(uri, which=which)
-        return {**info, "uri": uri, "label": label, **self.op_summary()}
+            before_commit = self._point("export-write", self.plan.batch_count - 1)
+            record = run.export_weights(uri, which=request.which, before_commit=before_commit)
+        return ExportResult.from_record(record, uri, label, self.summary(Summary()))
 
-    def op_summary(self) -> dict[str, Any]:
+    def summary(self, request: Summary) -> SummaryResult:
         """The native summary without the per-step training history (validation history is small: kept)."""
-        result = self.run.result()
-        result.pop("train_metrics_history", None)
-        return result
+        return SummaryResult.from_native(self.run.result())
+
+    def _point(self, point: str, index: int) -> Callable[[], None]:
+        return lambda: self.faults.hit(point, index)
 
     def close(self) -> None:
         self.run.close()
+
+
+#: Which SessionRunner method executes each request type.
+HANDLERS: dict[type, Callable[[SessionRunner, Any], Result]] = {
+    Status: SessionRunner.status,
+    Advance: SessionRunner.advance,
+    Validate: SessionRunner.validate,
+    Checkpoint: SessionRunner.checkpoint,
+    Export: SessionRunner.export,
+    Summary: SessionRunner.summary,
+}
 
 
 def init_weights_dir(uri: str, lora: bool) -> str:
@@ -314,23 +350,3 @@ def _checkpoint_conflict(uri: str, meta: dict[str, Any], cursor: int) -> Excepti
         f"{meta.get('cursor')}, but this run would write cursor {cursor}; the run directory was modified by hand "
         "or shared between runs: start a new run key"
     )
-
-
-@contextmanager
-def _write_hook(point: str, index: int) -> Iterator[None]:
-    """Test hooks `checkpoint-write` / `export-write`: fire when the files are complete, just before the commit."""
-    if not faults.active():
-        yield
-        return
-    original = os.rename
-
-    def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        if layout.STAGING_MARKER in os.path.basename(os.fspath(src)):
-            faults.hit(point, index)
-        original(src, dst, *args, **kwargs)
-
-    os.rename = rename  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        os.rename = original

@@ -214,8 +214,10 @@ class ManagedTraining:
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
 
-    def save_state(self, uri: str) -> str:
-        """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights."""
+    def save_state(self, uri: str, *, before_commit: Callable[[], None] | None = None) -> str:
+        """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights.
+
+        `before_commit` runs when the files are written, just before the commit (see ``write_checkpoint``)."""
         files, meta = self.session.state_payload()
         files[MANAGED_STATE_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
         refs = {BEST_WEIGHTS_FILE: self._stored_best(uri)} if self.best_state is not None else {}
@@ -226,7 +228,7 @@ class ManagedTraining:
             validation_due=self.validation_due,
             finished=self.finished,
         )
-        return write_checkpoint(uri, files, meta, refs=refs)
+        return write_checkpoint(uri, files, meta, refs=refs, before_commit=before_commit)
 
     def _stored_best(self, uri: str) -> FileRef:
         """The blob holding best_state, written once per new best (again only if its blob vanished)."""
@@ -300,13 +302,24 @@ class ManagedTraining:
 
     # ---- export -----------------------------------------------------------------------------------------------
 
-    def export_weights(self, uri: str, *, which: str = "best", merged: bool = False) -> dict[str, Any]:
-        """Export the best model (default, when validation selected one) or the final model."""
+    def export_weights(
+        self,
+        uri: str,
+        *,
+        which: str = "best",
+        merged: bool = False,
+        before_commit: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Export the best model (default, when validation selected one) or the final model.
+
+        `before_commit` runs when the export's files are written, just before they are committed."""
         if which not in ("best", "final"):
             raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
         if which == "best" and self.best_state is not None:
-            return export_weights(self.session, uri, merged=merged, state=self.best_state, label="best")
-        return self.session.export_weights(uri, merged=merged)
+            return export_weights(
+                self.session, uri, merged=merged, state=self.best_state, label="best", before_commit=before_commit
+            )
+        return self.session.export_weights(uri, merged=merged, before_commit=before_commit)
 
     def close(self) -> None:
         self.best_state = None

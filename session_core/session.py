@@ -176,12 +176,14 @@ class TrainingSession:
             self._pending = 0
             return metrics
 
-    def save_state(self, uri: str) -> str:
-        """Write a complete, immutable checkpoint to `uri` (fsspec URL or local path); returns its index hash."""
+    def save_state(self, uri: str, *, before_commit: Callable[[], None] | None = None) -> str:
+        """Write a complete, immutable checkpoint to `uri` (fsspec URL or local path); returns its index hash.
+
+        `before_commit` runs when the files are written, just before the commit (see ``write_checkpoint``)."""
         with self._lock:
             self._check_usable()
             files, meta = self.state_payload()
-            return write_checkpoint(uri, files, meta)
+            return write_checkpoint(uri, files, meta, before_commit=before_commit)
 
     def load_state(self, uri: str) -> dict[str, Any]:
         """Restore everything from a checkpoint into this fresh session; returns the checkpoint's meta."""
@@ -210,13 +212,17 @@ class TrainingSession:
             self.provenance["loaded_weights"] = report
             return report
 
-    def export_weights(self, uri: str, *, merged: bool = False) -> dict[str, Any]:
-        """Write a native model directory (plus adapter / merged model for LoRA); live weights are untouched."""
+    def export_weights(
+        self, uri: str, *, merged: bool = False, before_commit: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """Write a native model directory (plus adapter / merged model for LoRA); live weights are untouched.
+
+        `before_commit` runs when the files are written, just before they are committed."""
         from .weights import export_weights
 
         with self._lock:
             self._check_usable()
-            return export_weights(self, uri, merged=merged)
+            return export_weights(self, uri, merged=merged, before_commit=before_commit)
 
     def close(self) -> None:
         with self._lock:

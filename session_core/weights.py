@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -214,8 +214,12 @@ def export_weights(
     merged: bool = False,
     state: Mapping[str, torch.Tensor] | None = None,
     label: str = "final",
+    before_commit: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds)."""
+    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds).
+
+    `before_commit` runs when every file is written, just before the export is committed (renamed into place on
+    local storage; export.json written last elsewhere); if it raises, nothing is committed."""
     if merged and not session.is_lora:
         raise WeightsError("merged=True applies to LoRA sessions only; a full-weight export is already merged")
     info = {
@@ -227,7 +231,7 @@ def export_weights(
         "merged": merged,
     }
     try:
-        commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export")
+        commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export", before_commit=before_commit)
     except FileExistsError:
         raise WeightsError(f"export destination {uri} already exists and is not empty; choose a new location") from None
     with commit:

@@ -9,13 +9,14 @@ on resource ``prefect-gliner2.run.<run_key>``.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from prefect_gliner2.runtime import faults, live_runs
+from prefect_gliner2.runtime.protocol import Checkpoint, CheckpointResult
 from prefect_gliner2.runtime.rundir import DurableCursor
 from prefect_gliner2.session_core.layout import checkpoint_name
 from prefect_gliner2.tasks.training import RETRYING, call_worker
@@ -35,29 +36,29 @@ def run_resource(run_key: str) -> dict[str, str]:
     cache_policy=NO_CACHE,
     **RETRYING,
 )
-def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
+def checkpoint(run_key: str, index: int, step: int) -> CheckpointResult:
     """Checkpoint the session after batch `index` (optimizer step `step`) and commit the durable cursor."""
     run = live_runs.get(run_key)
     logger = get_run_logger()
     run.lease.check()
     name = checkpoint_name(step, index)
-    info = dict(call_worker(run_key, "checkpoint", index=index, uri=run.run_dir.checkpoint_uri(name)))
-    if not info["committed"]:
-        logger.warning("no checkpoint at batch %d: %s", index, info.get("reason"))
+    info = call_worker(run_key, Checkpoint(index=index, uri=run.run_dir.checkpoint_uri(name)))
+    if not info.committed:
+        logger.warning("no checkpoint at batch %d: %s", index, info.reason)
         return info
     faults.hit("cursor", index)
     run.lease.check()
     cursor = DurableCursor(
         checkpoint=name,
-        cursor=info["cursor"],
-        step=info["step"],
-        epoch=info["epoch"],
-        finished=info["finished"],
+        cursor=info.cursor,
+        step=info.step,
+        epoch=info.epoch,
+        finished=info.finished,
         fingerprint=run.fingerprint,
     )
-    info["cursor_moved"] = run.run_dir.commit_cursor(cursor)
-    info["name"] = name
-    logger.info("checkpoint %s committed%s", name, "" if info["cursor_moved"] else " (cursor already past it)")
+    info = dataclasses.replace(info, name=name, cursor_moved=run.run_dir.commit_cursor(cursor))
+    logger.info("checkpoint %s committed%s", name, "" if info.cursor_moved else " (cursor already past it)")
+    recorded = dataclasses.asdict(info)
     emit_event(
         event=CHECKPOINT_EVENT,
         resource=run_resource(run_key),
@@ -66,7 +67,7 @@ def checkpoint(run_key: str, index: int, step: int) -> dict[str, Any]:
             "flow_run_id": run.flow_run_id,
             "run_dir": run.run_dir.uri,
             **{
-                k: info.get(k)
+                k: recorded[k]
                 for k in (
                     "name",
                     "uri",

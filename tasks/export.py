@@ -6,11 +6,10 @@ weights; re-running it after a crash finds the finished export and returns its r
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefect_gliner2.runtime.protocol import Export, ExportResult
 from prefect_gliner2.tasks.training import RETRYING, call_worker
 
 __all__ = ["export_model"]
@@ -22,8 +21,8 @@ __all__ = ["export_model"]
     cache_policy=NO_CACHE,
     **RETRYING,
 )
-def export_model(run_key: str, uri: str, which: str = "best") -> dict[str, Any]:
+def export_model(run_key: str, uri: str, which: str = "best") -> ExportResult:
     """Export the best model (when validation selected one) or the final model to `uri`."""
-    info = call_worker(run_key, "export", uri=uri, which=which)
-    get_run_logger().info("exported the %s model (step %s) to %s", info.get("label"), info.get("step"), uri)
-    return dict(info)
+    info = call_worker(run_key, Export(uri=uri, which=which))
+    get_run_logger().info("exported the %s model (step %s) to %s", info.label, info.step, uri)
+    return info

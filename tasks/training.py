@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import hashlib
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
 
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.errors import retry_if_transient
+from prefect_gliner2.runtime.protocol import Advance, AdvanceResult, Request
 
 __all__ = ["TASK_RETRIES", "call_worker", "position_cache_key", "train_batches"]
 
+R = TypeVar("R")
 TASK_RETRIES = 3
 RETRY_DELAY_SECONDS = 1.0
 CACHE_EXPIRATION = timedelta(days=7)
@@ -48,8 +50,9 @@ def position_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-def call_worker(run_key: str, op: str, **args: Any) -> Any:
-    """Run one worker operation for a task, starting (and logging) a fresh worker if the last one died."""
+def call_worker(run_key: str, request: Request[R]) -> R:
+    """Run one worker request for a task, starting (and logging) a fresh worker if the last one died; returns the
+    protocol's result for that request."""
     run = live_runs.get(run_key)
     logger = get_run_logger()
     if run.worker.start():
@@ -58,7 +61,7 @@ def call_worker(run_key: str, op: str, **args: Any) -> Any:
             run_key,
             run.worker.restored_from or "the start of the plan",
         )
-    return run.worker.call(op, **args)
+    return run.worker.call(request)
 
 
 # Operations on the worker: transient failures (worker death) are retried from the newest checkpoint,
@@ -81,11 +84,10 @@ POSITION_TASK: dict[str, Any] = {
     task_run_name="batches {first}-{through}",
     **POSITION_TASK,
 )
-def train_batches(run_key: str, first: int, through: int) -> dict[str, Any]:
+def train_batches(run_key: str, first: int, through: int) -> AdvanceResult:
     """Advance the session through batch `through` (training `first`..`through`); returns their update metrics."""
-    result = call_worker(run_key, "advance", first=first, through=through)
-    if result["replayed"]:
-        get_run_logger().info(
-            "replayed %d batch(es) before batch %d from the restored checkpoint", result["replayed"], first
-        )
-    return dict(result)
+    result = call_worker(run_key, Advance(first=first, through=through))
+    if result.replayed:
+        logger = get_run_logger()
+        logger.info("replayed %d batch(es) before batch %d from the restored checkpoint", result.replayed, first)
+    return result

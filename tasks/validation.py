@@ -6,10 +6,9 @@ returns the metrics plus best-model/early-stopping state.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import get_run_logger, task
 
+from prefect_gliner2.runtime.protocol import Validate, ValidateResult
 from prefect_gliner2.tasks.training import POSITION_TASK, call_worker
 
 __all__ = ["validate"]
@@ -20,17 +19,17 @@ __all__ = ["validate"]
     task_run_name="validate after batch {index}",
     **POSITION_TASK,
 )
-def validate(run_key: str, index: int) -> dict[str, Any]:
+def validate(run_key: str, index: int) -> ValidateResult:
     """The validation after batch `index`: native eval losses, best selection, early stopping."""
-    result = call_worker(run_key, "validate", index=index)
-    metrics = result.get("metrics") or {}
+    result = call_worker(run_key, Validate(index=index))
+    metrics = result.metrics or {}
     get_run_logger().info(
         "validation after batch %d (step %s): eval_loss %s; best %s at step %s%s",
         index,
-        result.get("step"),
+        result.step,
         metrics.get("eval_loss"),
-        result.get("best_metric"),
-        result.get("best_step"),
-        "; early stopping" if result.get("stopped_early") else "",
+        result.best_metric,
+        result.best_step,
+        "; early stopping" if result.stopped_early else "",
     )
-    return dict(result)
+    return result

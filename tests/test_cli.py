@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.flows.cli import main
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.tiny import tiny_records
@@ -108,10 +109,19 @@ def test_plan_prints_and_writes_a_manifest(
     assert json.loads(capsys.readouterr().out)["content_address"] == manifest["content_address"]
 
 
-def _cli(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+# The CLI's main() after installing a fault plan (argv[1], JSON): the way a test injects faults into a CLI run.
+_CLI_WITH_FAULTS = (
+    "import sys; from prefect_gliner2.runtime import faults; "
+    "faults.install(faults.FaultPlan.from_json(sys.argv[1])); "
+    "from prefect_gliner2.flows.cli import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+def _cli(argv: list[str], env: dict[str, str], plan: FaultPlan | None = None) -> subprocess.Popen[str]:
     script = os.path.join(os.path.dirname(sys.executable), "prefect-gliner2")
+    command = [sys.executable, "-c", _CLI_WITH_FAULTS, plan.to_json(), *argv] if plan else [script, *argv]
     return subprocess.Popen(
-        [script, *argv],
+        command,
         cwd=str(ROOT),
         env=env,
         stdout=subprocess.PIPE,
@@ -135,9 +145,7 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
     ]
     markers = tmp_path / "markers"
     markers.mkdir()
-    crashed = _cli(
-        argv, {**env, "PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": "batch:9:120"}
-    )
+    crashed = _cli(argv, env, FaultPlan((Fault.pause("batch", 9, 120),), markers=str(markers)))
     try:
         wait_for_marker(markers, "batch-9", timeout=180)
     finally:

@@ -13,7 +13,9 @@ from uuid import UUID
 import pytest
 
 from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError, RunLockedError
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.protocol import AdvanceResult
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
@@ -21,7 +23,7 @@ from prefect_gliner2.session_core.tiny import tiny_records
 from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
 
 from support.config import training_config
-from support.flow import assert_same_export, make_space, reference_export, run_flow
+from support.flow import assert_same_export, installed_faults, make_space, reference_export, run_flow
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -126,23 +128,29 @@ def _assert_ui(flow_run_id: str) -> None:
     assert json.loads(kinds["gliner2-span-full-validation"].data)[-1]["step"] == 6
 
 
-def test_boundary_lora_grouped_and_pipelined_matches_direct_run(
-    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str, Any], tmp_path: Path) -> None:
     """Groups of 3 batches, operations sent 2 units ahead, and a worker SIGKILL with operations in flight."""
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:9:{tmp_path / 'died'}")
     cfg = training_config(use_lora=True)
-    summary = run_flow(
-        model=space["boundary"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=cfg,
-        run_key="boundary-lora",
-        storage=str(space["root"] / "runs"),
-        checkpoint_every=2,
-        batches_per_task=3,
-        pipeline_depth=2,
+    # The first worker waits at batch 9 until the flow's task for batches 8-10 has joined the pre-sent operation
+    # (without the pause the kill can land before that task starts, and then nothing is retried), then dies.
+    plan = FaultPlan(
+        (
+            Fault.pause("batch", 9, 3.0, once=str(tmp_path / "paused")),
+            Fault.kill("batch", 9, once=str(tmp_path / "died")),
+        )
     )
+    with installed_faults(plan):
+        summary = run_flow(
+            model=space["boundary"],
+            train_data=space["inputs"]["train"],
+            valid_data=space["inputs"]["valid"],
+            config=cfg,
+            run_key="boundary-lora",
+            storage=str(space["root"] / "runs"),
+            checkpoint_every=2,
+            batches_per_task=3,
+            pipeline_depth=2,
+        )
     reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-lora")
     assert (Path(summary["export"]) / "adapter").is_dir()
     assert_same_export(summary["export"], reference)
@@ -159,21 +167,21 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(
     ]
 
 
-def test_worker_death_and_transient_errors_are_retried_exactly(
-    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_worker_death_and_transient_errors_are_retried_exactly(space: dict[str, Any], tmp_path: Path) -> None:
     cfg = training_config(use_lora=True)
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_DIE", f"batch:4:{tmp_path / 'died'}")
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"batch:9:{tmp_path / 'raised'}")
-    summary = run_flow(
-        model=space["span"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=cfg,
-        run_key="span-lora-faults",
-        storage=str(space["root"] / "runs"),
-        checkpoint_every=1,
+    plan = FaultPlan(
+        (Fault.kill("batch", 4, once=str(tmp_path / "died")), Fault.fail("batch", 9, once=str(tmp_path / "raised")))
     )
+    with installed_faults(plan):
+        summary = run_flow(
+            model=space["span"],
+            train_data=space["inputs"]["train"],
+            valid_data=space["inputs"]["valid"],
+            config=cfg,
+            run_key="span-lora-faults",
+            storage=str(space["root"] / "runs"),
+            checkpoint_every=1,
+        )
     assert (tmp_path / "died").exists() and (tmp_path / "raised").exists()
     assert summary["worker_starts"] == 3
     retried = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.run_count > 1)
@@ -183,22 +191,20 @@ def test_worker_death_and_transient_errors_are_retried_exactly(
     )
 
 
-def test_flow_retry_reuses_the_live_worker_and_its_cache(
-    space: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], tmp_path: Path) -> None:
     from prefect_gliner2.flows.train import train_flow
 
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:8:{tmp_path / 'raised'}")
-    summary = train_flow.with_options(retries=1)(
-        model=space["span"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=training_config(),
-        run_key="span-flow-retry",
-        storage=str(space["root"] / "runs"),
-        checkpoint_every=0,
-        cpu_threads=1,
-    )
+    with installed_faults(FaultPlan((Fault.fail("unit", 8, once=str(tmp_path / "raised")),))):
+        summary = train_flow.with_options(retries=1)(
+            model=space["span"],
+            train_data=space["inputs"]["train"],
+            valid_data=space["inputs"]["valid"],
+            config=training_config(),
+            run_key="span-flow-retry",
+            storage=str(space["root"] / "runs"),
+            checkpoint_every=0,
+            cpu_threads=1,
+        )
     assert (tmp_path / "raised").exists() and summary["worker_starts"] == 1
     assert summary["resumed_from_batch"] == 6  # the epoch-end checkpoint after batch 5
     cached = sorted(t.name for t in _task_runs(summary["flow_run_id"]) if t.state.name == "Cached")
@@ -221,16 +227,17 @@ def test_a_cache_hit_after_restore_cannot_skip_work(
         storage=str(space["root"] / "runs"),
         checkpoint_every=0,
     )
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"unit:9:{tmp_path / 'raised'}")
-    with pytest.raises(RuntimeError, match="injected transient failure"):
-        run_flow(**params)
-    monkeypatch.delenv("PREFECT_GLINER2_TEST_RAISE")
+    with installed_faults(FaultPlan((Fault.fail("unit", 9, once=str(tmp_path / "raised")),))):
+        with pytest.raises(RuntimeError, match="injected transient failure"):
+            run_flow(**params)
     summary = run_flow(**params)
     assert summary["resumed_from_batch"] == 6 and summary["worker_starts"] == 1
     runs = {t.name: t for t in _task_runs(summary["flow_run_id"])}
     assert [runs[f"batches {i}-{i}"].state.name for i in range(6, 11)] == ["Cached"] * 4 + ["Completed"]
-    with_replay = runs["batches 10-10"].state.result()
-    assert with_replay["replayed"] == 4  # batches 6-9 were skipped by the cache and replayed by the worker
+    with_replay = runs["batches 10-10"].state.result()  # the task's persisted AdvanceResult
+    assert (
+        isinstance(with_replay, AdvanceResult) and with_replay.replayed == 4
+    )  # batches 6-9 were skipped by the cache and replayed by the worker
     reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
 

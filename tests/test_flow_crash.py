@@ -1,8 +1,9 @@
 """kill -9 of the whole flow process at the worst moments, then resume: the result is bitwise the uninterrupted one.
 
-Each crashed run is a fresh interpreter running train_flow against the shared test server; test hooks pause it at
-a named point and write a marker, and the test SIGKILLs the flow process there (its session worker must die with
-it). Resumption happens by a new flow run with the same run key and by ``prefect flow-run retry`` of a crashed run.
+Each crashed run is a fresh interpreter running train_flow against the shared test server with a fault plan
+installed that pauses it at a named point and writes a marker; the test SIGKILLs the flow process there (its
+session worker must die with it). Resumption happens by a new flow run with the same run key and by
+``prefect flow-run retry`` of a crashed run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from uuid import UUID
 
 import pytest
 
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.session_core import layout
 
 from support.config import training_config
@@ -35,9 +37,7 @@ def _crash_at(params: dict[str, Any], point: str, markers: Path, api_url: str) -
     """Run the flow in a subprocess, SIGKILL it when it reaches `point`; returns (pid at the point, output)."""
     markers.mkdir(parents=True)
     name, index = point.rsplit(":", 1)
-    process = flow_child(
-        params, {"PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": f"{point}:120"}, api_url
-    )
+    process = flow_child(params, FaultPlan((Fault.pause(name, int(index), 120),), markers=str(markers)), api_url)
     try:
         pid = wait_for_marker(markers, f"{name}-{index}", process)
     finally:

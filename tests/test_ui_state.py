@@ -15,6 +15,7 @@ import pytest
 
 from prefect_gliner2.flows.events import CHECKPOINT_EVENT
 from prefect_gliner2.flows.reporting import NAME_LABEL, RESUMED_BY_LABEL, RESUMES_LABEL, artifact_key
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
 from support.config import training_config
 from support.flow import flow_child, make_space, run_flow, wait_for_marker
@@ -85,9 +86,7 @@ def _crash_at(params: dict[str, Any], point: str, markers: Path, api_url: str, *
     emits just before it is killed may be lost with it: that is no part of what is tested here)."""
     markers.mkdir(parents=True)
     name, index = point.rsplit(":", 1)
-    process = flow_child(
-        params, {"PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": f"{point}:120"}, api_url
-    )
+    process = flow_child(params, FaultPlan((Fault.pause(name, int(index), 120),), markers=str(markers)), api_url)
     try:
         wait_for_marker(markers, f"{name}-{index}", process)
         _events(params["run_key"], *delivered)

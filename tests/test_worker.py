@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.runtime.errors import StorageFullError, WorkerDied, WorkerError, is_transient
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
+from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Export, Status, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
@@ -41,110 +44,104 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"root": str(root), "manifest": run_dir.manifest_uri, "model": tiny_model_dir(root, "span"), **inputs}
 
 
-def _worker(run: dict[str, str], locator=None) -> SessionWorker:  # type: ignore[no-untyped-def]
-    return SessionWorker(WorkerSpec(run["model"], run["manifest"], THREADS), restore_locator=locator)
+def _worker(run: dict[str, str], locator=None, faults: FaultPlan | None = None) -> SessionWorker:  # type: ignore[no-untyped-def]
+    return SessionWorker(WorkerSpec(run["model"], run["manifest"], THREADS, faults=faults), restore_locator=locator)
 
 
 def test_operations_run_in_order_and_are_idempotent(run: dict[str, str]) -> None:
     worker = _worker(run)
     try:
-        first = worker.call("advance", first=0, through=1)
-        assert (first["cursor"], first["step"], first["replayed"]) == (2, 1, 0)
-        tickets = [worker.submit("advance", first=i, through=i) for i in range(2, 6)]
-        assert worker.submit("advance", first=5, through=5) is tickets[-1]  # joins the outstanding call
-        assert [t.result(60)["cursor"] for t in tickets] == [3, 4, 5, 6]
-        again = worker.call("advance", first=0, through=1)  # already past: the recorded history, no work
-        assert again["cursor"] == 6 and again["updates"] == first["updates"]
-        jump = worker.call("validate", index=5)  # validation after batch 5 (epoch end) runs now, exactly once
-        assert jump["metrics"]["batch"] == 5 and jump["best_step"] == 3
-        assert worker.call("validate", index=5)["metrics"] == jump["metrics"]
-        status = worker.call("status")
-        assert status["cpu_threads"] == THREADS and status["cursor"] == 6 and not status["validation_due"]
+        first = worker.call(Advance(first=0, through=1))
+        assert (first.cursor, first.step, first.replayed) == (2, 1, 0)
+        tickets = [worker.submit(Advance(first=i, through=i)) for i in range(2, 6)]
+        assert worker.submit(Advance(first=5, through=5)) is tickets[-1]  # joins the outstanding call
+        assert [t.result(60).cursor for t in tickets] == [3, 4, 5, 6]
+        again = worker.call(Advance(first=0, through=1))  # already past: the recorded history, no work
+        assert again.cursor == 6 and again.updates == first.updates and len(first.updates) == 1
+        jump = worker.call(Validate(index=5))  # validation after batch 5 (epoch end) runs now, exactly once
+        assert jump.metrics["batch"] == 5 and jump.best_step == 3
+        assert worker.call(Validate(index=5)).metrics == jump.metrics
+        status = worker.call(Status())
+        assert status.cpu_threads == THREADS and status.cursor == 6 and not status.validation_due
     finally:
         worker.close()
     assert worker.pid is None or pid_gone(worker.pid or 0)
 
 
-def test_worker_kill_restarts_from_checkpoint_bitwise(
-    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_path: Path) -> None:
     checkpoint = str(tmp_path / "step-000002-batch-000003")
     markers = tmp_path / "markers"
     markers.mkdir()
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_MARKERS", str(markers))
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_PAUSE", "batch:9:1")
+    plan = FaultPlan(faults=(Fault.pause("batch", 9, 1),), markers=str(markers))
     restore: list[str | None] = [None]
-    worker = _worker(run, locator=lambda: restore[0])
+    worker = _worker(run, locator=lambda: restore[0], faults=plan)
     try:
-        worker.call("advance", first=0, through=2)
-        assert worker.call("checkpoint", index=3, uri=checkpoint)["committed"]  # advances to 3 itself
+        worker.call(Advance(first=0, through=2))
+        assert worker.call(Checkpoint(index=3, uri=checkpoint)).committed  # advances to 3 itself
         restore[0] = checkpoint
-        worker.call("advance", first=4, through=8)
+        worker.call(Advance(first=4, through=8))
         first_pid, first_incarnation = worker.pid, worker.incarnation
-        in_flight = worker.submit("advance", first=9, through=9)
+        in_flight = worker.submit(Advance(first=9, through=9))
         assert wait_for_marker(markers, "batch-9") == first_pid
         worker.kill()  # SIGKILL mid-operation
         with pytest.raises(WorkerDied) as died:
             in_flight.result(60)
         assert is_transient(died.value) and "newest committed checkpoint" in str(died.value)
         assert pid_gone(first_pid or 0)
-        resumed = worker.call("advance", first=9, through=9)  # fresh worker from the checkpoint, replays 4..8
-        assert resumed["replayed"] == 5 and resumed["cursor"] == 10
+        resumed = worker.call(Advance(first=9, through=9))  # fresh worker from the checkpoint, replays 4..8
+        assert resumed.replayed == 5 and resumed.cursor == 10
         assert worker.incarnation != first_incarnation and worker.restored_from == checkpoint
         assert worker.incarnation and worker.incarnation.startswith("step-000002-batch-000003@")
-        worker.call("export", uri=str(tmp_path / "export"), which="best")
+        worker.call(Export(uri=str(tmp_path / "export"), which="best"))
     finally:
         worker.close()
     direct = reference_export(run["model"], run, training_config(), tmp_path / "direct")
     assert_same_export(str(tmp_path / "export"), direct)
 
 
-def test_deterministic_and_transient_remote_errors(
-    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path: Path) -> None:
     broken = _worker(run, locator=lambda: str(tmp_path / "no-such-checkpoint"))
     try:
         with pytest.raises(CheckpointError, match="no committed checkpoint") as refused:
-            broken.call("status")
-        assert not is_transient(refused.value)
+            broken.call(Status())
+        assert not is_transient(refused.value) and type(refused.value) is CheckpointError
+        assert "read_checkpoint" in refused.value.remote_traceback  # type: ignore[attr-defined]
+        assert any("remote traceback" in note for note in refused.value.__notes__)
     finally:
         broken.close()
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_RAISE", f"batch:1:{tmp_path / 'raised-once'}")
-    worker = _worker(run)
+    worker = _worker(run, faults=FaultPlan(faults=(Fault.fail("batch", 1, once=str(tmp_path / "raised-once")),)))
     try:
         with pytest.raises(WorkerError, match="injected transient failure") as failed:
-            worker.call("advance", first=0, through=2)
+            worker.call(Advance(first=0, through=2))
         assert is_transient(failed.value) and "RuntimeError" in str(failed.value)
-        assert worker.call("advance", first=0, through=2)["cursor"] == 3  # a fresh worker; the hook fired once
+        assert failed.value.remote_type == "RuntimeError" and "_fire" in failed.value.remote_traceback
+        assert worker.call(Advance(first=0, through=2)).cursor == 3  # a fresh worker; the fault fired once
         assert worker.starts == 2
     finally:
         worker.close()
 
 
-def test_full_storage_in_the_worker_is_permanent(
-    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """ENOSPC while the worker writes a checkpoint: StorageFullError (never retried), no partial checkpoint left
-    that looks complete, and once space is back a fresh worker writes the same checkpoint."""
-    monkeypatch.setenv("PREFECT_GLINER2_TEST_OSERROR", f"checkpoint-write:3:ENOSPC:{tmp_path / 'full-once'}")
+def test_full_storage_in_the_worker_is_permanent(run: dict[str, str], tmp_path: Path) -> None:
+    """ENOSPC while the worker writes a checkpoint: StorageFullError (never retried) with its errno, no partial
+    checkpoint left that looks complete, and once space is back a fresh worker writes the same checkpoint."""
+    full_once = Fault.os_error("checkpoint-write", 3, errno.ENOSPC, once=str(tmp_path / "full-once"))
     checkpoint = str(tmp_path / "ckpt-3")
-    worker = _worker(run)
+    worker = _worker(run, faults=FaultPlan(faults=(full_once,)))
     try:
-        worker.call("advance", first=0, through=2)
+        worker.call(Advance(first=0, through=2))
         with pytest.raises(StorageFullError, match="ENOSPC.*free space.*run the same run key again") as full:
-            worker.call("checkpoint", index=3, uri=checkpoint)
+            worker.call(Checkpoint(index=3, uri=checkpoint))
         assert not is_transient(full.value) and isinstance(full.value, OSError)
-        assert full.value.errno == 28
-        assert not Path(checkpoint).exists()
-        assert worker.call("checkpoint", index=3, uri=checkpoint)["committed"]
+        assert full.value.errno == errno.ENOSPC and "injected at checkpoint-write 3" in full.value.message
+        assert "before_commit" in full.value.remote_traceback  # type: ignore[attr-defined]
+        assert not Path(checkpoint).exists() and not list(tmp_path.glob(".ckpt-3.partial-*"))
+        assert worker.call(Checkpoint(index=3, uri=checkpoint)).committed
         assert worker.starts == 2
     finally:
         worker.close()
 
 
 def test_transient_classification_follows_the_cause_chain() -> None:
-    import errno
-
     assert is_transient(OSError(errno.EIO, "io"))
     assert is_transient(ConnectionResetError())
     for code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS):
@@ -162,7 +159,8 @@ _PARENT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
     worker = SessionWorker(WorkerSpec({model!r}, {manifest!r}, 1))
-    worker.call("status")  # fully up: restored and serving
+    from prefect_gliner2.runtime.protocol import Status
+    worker.call(Status())  # fully up: restored and serving
     print(worker.pid, flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)
@@ -202,16 +200,16 @@ def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path:
     restore: list[str | None] = [None]
     worker = SessionWorker(spec, restore_locator=lambda: restore[0])
     try:
-        worker.call("checkpoint", index=3, uri=checkpoint)
+        worker.call(Checkpoint(index=3, uri=checkpoint))
         restore[0] = checkpoint
-        worker.call("advance", first=4, through=plan.batch_count - 1)
-        worker.call("export", uri=str(tmp_path / "uninterrupted"), which="final")
+        worker.call(Advance(first=4, through=plan.batch_count - 1))
+        worker.call(Export(uri=str(tmp_path / "uninterrupted"), which="final"))
         worker.kill()
         with pytest.raises(WorkerDied):
-            worker.call("status")
-        resumed = worker.call("advance", first=4, through=plan.batch_count - 1)  # a fresh worker restores
-        assert resumed["cursor"] == plan.batch_count and worker.restored_from == checkpoint
-        worker.call("export", uri=str(tmp_path / "resumed"), which="final")
+            worker.call(Status())
+        resumed = worker.call(Advance(first=4, through=plan.batch_count - 1))  # a fresh worker restores
+        assert resumed.cursor == plan.batch_count and worker.restored_from == checkpoint
+        worker.call(Export(uri=str(tmp_path / "resumed"), which="final"))
     finally:
         worker.close()
     assert_same_export(str(tmp_path / "resumed"), str(tmp_path / "uninterrupted"))

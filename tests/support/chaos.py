@@ -5,11 +5,12 @@ Used by tests/test_chaos.py (quick mode, storage faults) and by the benchmark CL
 
 For each case an uninterrupted flow run is the reference. A second run key is then crashed repeatedly: every
 crashed attempt is a fresh interpreter running ``train_flow`` that is SIGKILLed at a moment chosen by the seed --
-paused by a test hook mid-window (between the micro-batches of one update), while a checkpoint's files are written
-but not committed, during validation, during export, after a seeded random delay (purely time-based), or by killing
-the session worker alone (the flow must recover by itself). Each next attempt is a new flow run with the same run
-key. The final export (every tensor of every ``*.safetensors``) and the train/eval histories of the final checkpoint
-must equal the reference's bitwise; differing bits are counted by XOR + popcount.
+paused by a fault plan (``prefect_gliner2.runtime.faults``, installed in that interpreter) mid-window (between the
+micro-batches of one update), while a checkpoint's files are written but not committed, during validation, during
+export, after a seeded random delay (purely time-based), or by killing the session worker alone (the flow must
+recover by itself). Each next attempt is a new flow run with the same run key. The final export (every tensor of
+every ``*.safetensors``) and the train/eval histories of the final checkpoint must equal the reference's bitwise;
+differing bits are counted by XOR + popcount.
 
 Storage faults (``--storage-faults``, on by default in the full mode) damage the newest committed checkpoint
 (truncate, edit one byte, delete a file), make a checkpoint write fail (an injected failure after the files are
@@ -35,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prefect_gliner2.runtime.faults import Fault, FaultPlan, install, uninstall
 
 from support.config import training_config
 from support.flow import export_tensors, make_inputs
@@ -115,11 +118,12 @@ class FaultResult:
 
 
 def spawn(
-    params: dict[str, Any], env: dict[str, str], api_url: str, *, fsize_limit: int | None = None
+    params: dict[str, Any], plan: FaultPlan | None, api_url: str, *, fsize_limit: int | None = None
 ) -> subprocess.Popen[str]:
-    """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the API at `api_url`."""
+    """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the API at `api_url`, with
+    the fault plan `plan` installed there."""
     pythonpath = os.pathsep.join([str(TESTS), str(ROOT)])
-    full_env = dict(os.environ, PYTHONPATH=pythonpath, PREFECT_API_URL=api_url, OMP_NUM_THREADS="1", **env)
+    full_env = dict(os.environ, PYTHONPATH=pythonpath, PREFECT_API_URL=api_url, OMP_NUM_THREADS="1")
 
     def limit() -> None:  # a real failing write: EFBIG past `fsize_limit` bytes in this process and its worker
         if fsize_limit is not None:
@@ -127,7 +131,7 @@ def spawn(
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
     return subprocess.Popen(
-        [sys.executable, "-m", "support.flow_child", json.dumps(params)],
+        [sys.executable, "-m", "support.flow_child", json.dumps(params), plan.to_json() if plan is not None else ""],
         cwd=str(ROOT),
         env=full_env,
         stdout=subprocess.PIPE,
@@ -137,25 +141,15 @@ def spawn(
     )
 
 
-def run_in_process(params: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_in_process(params: dict[str, Any], plan: FaultPlan | None = None) -> dict[str, Any]:
+    """train_flow in this process, with `plan` installed for its duration."""
     from prefect_gliner2.flows.train import train_flow
 
-    with _environ(env or {}):
-        return dict(train_flow(**params))
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    install(plan)
     try:
-        yield
+        return dict(train_flow(**params))
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        uninstall()
 
 
 def wait_for(markers: Path, name: str, process: subprocess.Popen[str], timeout: float = 120) -> int | None:
@@ -198,7 +192,7 @@ def crash(
 
     cursor = (read_cursor(run) or {}).get("cursor", 0)
     markers = Path(tempfile.mkdtemp(prefix="markers-", dir=work))
-    env = {"PREFECT_GLINER2_TEST_MARKERS": str(markers)}
+    planned: list[Fault] = []
     if kind == "mid-window":
         choices = [i + 1 for i in MID_WINDOW if i + 1 > cursor]  # paused before batch i+1: batch i is pending
         point = ("batch", choice(choices)) if choices else None
@@ -212,7 +206,7 @@ def crash(
         choices = [i for i in range(cursor, LAST + 1)]
         point = ("export-write", LAST)
         if choices:
-            env["PREFECT_GLINER2_TEST_DIE"] = f"batch:{choice(choices)}:{markers / 'died'}"
+            planned.append(Fault.kill("batch", choice(choices), once=str(markers / "died")))
         else:
             kind = "export"  # training is done: only the export is left to interrupt
     elif kind == "time":
@@ -223,9 +217,9 @@ def crash(
         return None
     name, index = point
     if name != "time":
-        env["PREFECT_GLINER2_TEST_PAUSE"] = f"{name}:{index}:120"
+        planned.append(Fault.pause(name, index, 120))
     launched = time.time()
-    process = spawn(params, env, api_url)
+    process = spawn(params, FaultPlan(tuple(planned), markers=str(markers)), api_url)
     worker: int | None = None
     try:
         if name == "time":
@@ -344,7 +338,7 @@ def run_case(
     root.mkdir(parents=True, exist_ok=True)
     markers = Path(tempfile.mkdtemp(prefix="markers-reference-", dir=root))
     started = time.perf_counter()
-    reference = run_in_process({**base, "run_key": f"{case}-reference"}, {"PREFECT_GLINER2_TEST_MARKERS": str(markers)})
+    reference = run_in_process({**base, "run_key": f"{case}-reference"}, FaultPlan(markers=str(markers)))
     result.reference_seconds = time.perf_counter() - started
     # the time-based kill lands somewhere in the first half of the training span (from its first batch)
     training_seconds = 0.5 * ((markers / f"batch-{LAST}").stat().st_mtime - (markers / "batch-0").stat().st_mtime)
@@ -358,7 +352,7 @@ def run_case(
     cursor = (read_cursor(run) or {}).get("cursor", 0)
     markers = Path(tempfile.mkdtemp(prefix="markers-final-", dir=root))
     launched = time.time()
-    summary = run_in_process(params, {"PREFECT_GLINER2_TEST_MARKERS": str(markers)})
+    summary = run_in_process(params, FaultPlan(markers=str(markers)))
     final = time_to_first_batch(markers, cursor, launched) if cursor else None
     result.resume_seconds = [k.resume_s for k in result.kills if k.resume_s is not None] + ([final] if final else [])
     result.resumes = sum(1 for k in result.kills if k.outcome == "killed")
@@ -467,7 +461,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     # An injected failure after the checkpoint's files are written, before the commit (the worker raises once).
     key = "failing-write"
     flag = root / "raise-once"
-    summary = run_in_process({**base, "run_key": key}, {"PREFECT_GLINER2_TEST_RAISE": f"checkpoint-write:7:{flag}"})
+    summary = run_in_process({**base, "run_key": key}, FaultPlan((Fault.fail("checkpoint-write", 7, once=str(flag)),)))
     bits = compare_exports(summary["export"], reference["export"])[2]
     debris = [p.name for p in (storage / key / layout.CHECKPOINTS_DIR).iterdir() if layout.is_debris(p.name)]
     results.append(
@@ -490,7 +484,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     markers.mkdir(parents=True, exist_ok=True)
     process = spawn(
         {**base, "run_key": key},
-        {"PREFECT_GLINER2_TEST_MARKERS": str(markers), "PREFECT_GLINER2_TEST_PAUSE": f"batch:{after}:3"},
+        FaultPlan((Fault.pause("batch", after, 3),), markers=str(markers)),
         api_url,
     )
     worker_pid = wait_for(markers, f"batch-{after}", process)

@@ -1,15 +1,20 @@
-"""Worker/flow/CLI test support: tiny inputs, direct reference runs, bitwise export comparison, subprocess flows
-and waiting for test-hook markers."""
+"""Shared helpers for worker/flow/CLI tests: tiny inputs, direct reference runs, bitwise export comparison,
+subprocess flows, installed fault plans and waiting for their markers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from prefect_gliner2.runtime import faults
+from prefect_gliner2.runtime.faults import FaultPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -114,12 +119,24 @@ def run_flow(**params: Any) -> dict[str, Any]:
     return train_flow(**params)
 
 
-def flow_child(params: dict[str, Any], env: dict[str, str], api_url: str) -> subprocess.Popen[str]:
-    """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the shared test server."""
-    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PREFECT_API_URL=api_url, **env)
+@contextlib.contextmanager
+def installed_faults(plan: FaultPlan) -> Iterator[FaultPlan]:
+    """Install `plan` in this (the flow's) process for the duration; flows started meanwhile pass it to workers."""
+    faults.install(plan)
+    try:
+        yield plan
+    finally:
+        faults.uninstall()
+
+
+def flow_child(params: dict[str, Any], plan: FaultPlan | None, api_url: str) -> subprocess.Popen[str]:
+    """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the shared test server,
+    with `plan` installed there."""
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PREFECT_API_URL=api_url)
     params = {"cpu_threads": THREADS, **params}
+    plan_json = plan.to_json() if plan is not None else ""
     return subprocess.Popen(
-        [sys.executable, "-m", "support.flow_child", json.dumps(params)],
+        [sys.executable, "-m", "support.flow_child", json.dumps(params), plan_json],
         cwd=str(ROOT),
         env=full_env,
         stdout=subprocess.PIPE,
@@ -131,7 +148,7 @@ def flow_child(params: dict[str, Any], env: dict[str, str], api_url: str) -> sub
 def wait_for_marker(
     markers: Path, name: str, process: subprocess.Popen[str] | None = None, timeout: float = 120
 ) -> int:
-    """Wait until a test hook wrote markers/<name>; returns the pid recorded in it."""
+    """Wait until a fault plan's marker markers/<name> appears; returns the pid recorded in it."""
     path = markers / name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

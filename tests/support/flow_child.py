@@ -1,4 +1,5 @@
-"""Run train_flow in this fresh interpreter (crash tests, the chaos engine): argv[1] is the flow parameters' JSON.
+"""Run train_flow in this fresh interpreter (crash tests, the chaos engine): argv[1] is the JSON of the flow's
+parameters, argv[2] (optional, may be empty) the JSON of a FaultPlan to install first.
 
 Run as ``python -m support.flow_child`` with tests/ on PYTHONPATH. Uses PREFECT_API_URL from the environment (the
 test server) with flow-run heartbeats off; prints the summary JSON.
@@ -14,7 +15,10 @@ if __name__ == "__main__":
     from prefect.settings import temporary_settings
 
     from prefect_gliner2.flows.train import train_flow
+    from prefect_gliner2.runtime import faults
 
+    if len(sys.argv) > 2 and sys.argv[2]:
+        faults.install(faults.FaultPlan.from_json(sys.argv[2]))
     with temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         summary = train_flow(**json.loads(sys.argv[1]))
     print(json.dumps(summary))
