@@ -18,7 +18,7 @@ from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.protocol import AdvanceResult
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.tiny import tiny_records
 from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
 
@@ -73,7 +73,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     assert_same_export(summary["export"], reference)
     assert summary["label"] == "best" and summary["total_steps"] == 6 and summary["worker_starts"] == 1
     run = storage / "span-full"
-    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name != layout.BLOB_DIR)
     assert names == [
         "step-000002-batch-000003",
         "step-000003-batch-000005",
@@ -158,7 +158,8 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str,
     names = {t.name for t in runs}
     assert {"batches 0-2", "batches 3-3", "checkpoint step 2 batch 3", "batches 8-10", "export best model"} <= names
     assert summary["worker_starts"] == 2 and [t.name for t in runs if t.run_count > 1] == ["batches 8-10"]
-    checkpoints = sorted(p.name for p in (space["root"] / "runs" / "boundary-lora" / "checkpoints").iterdir())
+    folder = space["root"] / "runs" / "boundary-lora" / "checkpoints"
+    checkpoints = sorted(p.name for p in folder.iterdir() if p.name != layout.BLOB_DIR)
     assert checkpoints == [
         "step-000002-batch-000003",
         "step-000003-batch-000005",

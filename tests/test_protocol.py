@@ -147,7 +147,7 @@ def test_before_commit_runs_once_the_files_are_written_and_a_failure_commits_not
 
     digest = write_checkpoint(str(tmp_path / "ok"), {"a.bin": b"abc"}, {"k": 1}, before_commit=look)
     assert seen == [["a.bin", "checkpoint.json"]] and len(digest) == 64
-    assert read_checkpoint(str(tmp_path / "ok")).files == {"a.bin": b"abc"}
+    assert read_checkpoint(str(tmp_path / "ok")).require("a.bin") == b"abc"
 
     def refuse() -> None:
         raise OSError(errno.ENOSPC, "full")

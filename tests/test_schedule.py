@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.schedule import Unit, is_checkpoint_point, unit_op, units
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
@@ -109,9 +110,9 @@ def test_units_are_lazy_and_empty_at_the_end() -> None:
 
 def test_unit_op_is_the_worker_operation_of_a_unit(tmp_path: Any) -> None:
     run_dir = RunDirectory(str(tmp_path), "r")
-    assert unit_op(Unit("advance", 4, 6), run_dir) == ("advance", {"first": 4, "through": 6})
-    assert unit_op(Unit("validate", 5, 5), run_dir) == ("validate", {"index": 5})
-    op, kwargs = unit_op(Unit("checkpoint", 5, 5, 3), run_dir)
-    assert (op, kwargs["index"]) == ("checkpoint", 5)
-    assert kwargs["uri"] == run_dir.checkpoint_uri("step-000003-batch-000005")
-    assert kwargs["uri"].endswith("/r/checkpoints/step-000003-batch-000005")
+    assert unit_op(Unit("advance", 4, 6), run_dir) == Advance(first=4, through=6)
+    assert unit_op(Unit("validate", 5, 5), run_dir) == Validate(index=5)
+    request = unit_op(Unit("checkpoint", 5, 5, 3), run_dir)
+    assert isinstance(request, Checkpoint) and request.index == 5
+    assert request.uri == run_dir.checkpoint_uri("step-000003-batch-000005")
+    assert request.uri.endswith("/r/checkpoints/step-000003-batch-000005")

@@ -105,7 +105,7 @@ def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path
         with pytest.raises(CheckpointError, match="no committed checkpoint") as refused:
             broken.call(Status())
         assert not is_transient(refused.value) and type(refused.value) is CheckpointError
-        assert "read_checkpoint" in refused.value.remote_traceback  # type: ignore[attr-defined]
+        assert "open_checkpoint" in refused.value.remote_traceback  # type: ignore[attr-defined]
         assert any("remote traceback" in note for note in refused.value.__notes__)
     finally:
         broken.close()
