@@ -270,6 +270,11 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
         f"- **checkpoints**: `{summary.get('checkpoints')}` (newest `{summary.get('checkpoint')}`)",
         f"- **run directory**: `{summary.get('run_dir')}`",
     ]
+    if summary.get("disk_bytes") is not None:
+        lines.append(
+            f"- **disk used**: {summary['disk_bytes'] / 2**20:.1f} MiB, of which checkpoints "
+            f"{summary.get('checkpoint_bytes', 0) / 2**20:.1f} MiB ({summary.get('checkpoints_kept')} kept)"
+        )
     if validations:
         lines += ["", "| step | epoch | eval_loss |", "|---:|---:|---:|"]
         lines += [f"| {v.get('step')} | {v.get('epoch')} | {v.get('eval_loss'):.6g} |" for v in validations]

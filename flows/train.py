@@ -41,6 +41,7 @@ from prefect_gliner2.runtime.errors import (
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
+from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
@@ -51,6 +52,7 @@ from prefect_gliner2.tasks.export import export_model
 __all__ = ["TrainingConfigModel", "default_storage", "prepare_run", "train_flow"]
 
 STORAGE_ENV = "PREFECT_GLINER2_STORAGE"
+DEFAULT_KEEP_CHECKPOINTS = 3
 
 
 # ---- parameters --------------------------------------------------------------------------------------------
@@ -109,13 +111,6 @@ else:
 def default_storage() -> str:
     """$PREFECT_GLINER2_STORAGE, else ~/.prefect-gliner2/runs."""
     return os.environ.get(STORAGE_ENV) or os.path.join(os.path.expanduser("~"), ".prefect-gliner2", "runs")
-
-
-def default_cpu_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # ---- preparing a run (torch-free, before the lease) --------------------------------------------------------
@@ -204,6 +199,7 @@ def train_flow(
     device: str | None = None,
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
     init_weights: str | None = None,
+    keep_checkpoints: Annotated[int, Field(ge=1)] | None = DEFAULT_KEEP_CHECKPOINTS,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -220,10 +216,14 @@ def train_flow(
         batches_per_task: Batches per Prefect task (raise it when steps take only a few milliseconds).
         pipeline_depth: Operations sent to the worker ahead of their task (0: none).
         device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
-        cpu_threads: Torch threads in the worker (recorded on first use; default: all CPUs available).
+        cpu_threads: Torch threads in the worker (recorded on first use; default: this worker slot's share of the
+            CPUs, see runtime/resources.py: $PREFECT_GLINER2_CPU_THREADS, else $OMP_NUM_THREADS, else usable CPUs
+            divided by $PREFECT_GLINER2_WORKER_SLOTS).
         init_weights: Start a new run from these weights (fresh optimizer and schedule): a native model directory,
             a PEFT adapter directory, an export directory (its adapter/ is used for LoRA) or a session checkpoint.
             Recorded with the run: a resume must pass the same value.
+        keep_checkpoints: Keep the newest N checkpoints (plus the one taken at the best validation step and the one
+            the cursor names); older ones are deleted once a newer checkpoint is committed. None keeps all.
     """
     logger = get_run_logger()
     prepared = prepare_run(
@@ -249,6 +249,7 @@ def train_flow(
             prewarm=done is None,
             export_uri=export_uri,
             init_weights=init_weights,
+            keep_checkpoints=keep_checkpoints,
         )
         logger.info(
             "run %s at %s: %d batches, %d updates, plan %s",
@@ -261,7 +262,7 @@ def train_flow(
         if done is not None:
             logger.info("run %s is complete; its model is at %s", run_dir.run_key, export_uri)
             succeeded = True
-            return {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id}
+            return {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id, **disk_used(run_dir)}
         summary = _train(
             live,
             prepared,
@@ -295,6 +296,7 @@ def _open(
     prewarm: bool,
     export_uri: str,
     init_weights: str | None = None,
+    keep_checkpoints: int | None = None,
 ) -> LiveRun:
     """Inside the lease: clean debris, write/check the manifest and settings, start (or reuse) the worker."""
     run_dir = prepared.run_dir
@@ -351,6 +353,7 @@ def _open(
         lease,
         flow_run_id,
         prepared.plan,
+        keep_checkpoints,
     )
     live_runs.register(live)
     return live
@@ -415,12 +418,16 @@ def _train(
         summary = _summary(live, info, final, start, outcome)
         reporter.validations = list(info.get("eval_metrics_history") or reporter.validations)
         if final is not None and final.finished:
-            durable = {k: v for k, v in summary.items() if k not in ("units_run", "worker_starts", "flow_run_id")}
+            durable = {k: v for k, v in summary.items() if k not in _PER_ATTEMPT}
             run_dir.commit_cursor(dataclasses.replace(final, export=export_uri, summary=durable))
+        summary.update(disk_used(run_dir))
         reporter.finish(summary)
         return summary
     finally:
         reporter.close(timeout=5.0)
+
+
+_PER_ATTEMPT = ("units_run", "worker_starts", "flow_run_id", "disk_bytes", "checkpoint_bytes", "checkpoints_kept")
 
 
 def _summary(live: LiveRun, info: dict[str, Any], cursor: Any, start: int, outcome: DriveResult) -> dict[str, Any]:

@@ -29,7 +29,14 @@ from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
 from prefect_gliner2.session_core.atomic import write_file_atomic
 from prefect_gliner2.session_core.errors import ConfigError
 
-__all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_name", "validate_run_key"]
+__all__ = [
+    "CURSOR_VERSION",
+    "DurableCursor",
+    "RunDirectory",
+    "checkpoint_name",
+    "checkpoint_position",
+    "validate_run_key",
+]
 
 CURSOR_VERSION = 1
 RUN_INFO_VERSION = 1
@@ -52,6 +59,14 @@ _CHECKPOINT_NAME = re.compile(r"^step-(\d{6})-batch-(\d{6})$")
 def checkpoint_name(step: int, index: int) -> str:
     """Readable checkpoint directory name: optimizer step and last batch included."""
     return f"step-{step:06d}-batch-{index:06d}"
+
+
+def checkpoint_position(name: str) -> tuple[int, int]:
+    """(optimizer step, last batch included) of a checkpoint directory name."""
+    match = _CHECKPOINT_NAME.match(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a checkpoint directory name (step-NNNNNN-batch-NNNNNN)")
+    return int(match.group(1)), int(match.group(2))
 
 
 @dataclass(frozen=True)
@@ -222,14 +237,22 @@ class RunDirectory:
 
     def committed_checkpoints(self) -> list[str]:
         """Names of checkpoints with a committed index, ordered by their step and batch numbers (never by mtime)."""
+        return self._checkpoint_dirs(committed=True)
+
+    def uncommitted_checkpoints(self) -> list[str]:
+        """Checkpoint-named directories without an index: a write or a prune that was interrupted."""
+        return self._checkpoint_dirs(committed=False)
+
+    def _checkpoint_dirs(self, *, committed: bool) -> list[str]:
         folder = f"{self.path}/checkpoints"
         if not self.fs.exists(folder):
             return []
+        self.fs.invalidate_cache(folder)
         found = []
         for entry in self.fs.ls(folder, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             match = _CHECKPOINT_NAME.match(name)
-            if match and self.fs.exists(f"{folder}/{name}/checkpoint.json"):
+            if match and self.fs.exists(f"{folder}/{name}/checkpoint.json") == committed:
                 found.append((int(match.group(1)), int(match.group(2)), name))
         return [name for *_, name in sorted(found)]
 

@@ -287,11 +287,23 @@ class _staging:
 
 
 def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> Any:
-    """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one."""
+    """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one.
+
+    A remote export is downloaded into a temporary directory that is removed before this returns (on every path):
+    the model is held in memory, nothing is left on disk."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    path = path.rstrip("/")
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return _load_export_dir(Path(path), trainable, kwargs)
+    with tempfile.TemporaryDirectory(prefix="prefect-gliner2-model-") as scratch:
+        target = Path(scratch) / "model"
+        fs.get(f"{path}/", str(target), recursive=True)  # trailing slash: copy the contents into target
+        return _load_export_dir(target, trainable, kwargs)
+
+
+def _load_export_dir(local: Path, trainable: bool, kwargs: dict[str, Any]) -> Any:
     from gliner2 import AutoExtractor
 
-    fs, path = fsspec.core.url_to_fs(uri)
-    local = _local_copy(fs, path.rstrip("/"))
     model = AutoExtractor.from_pretrained(str(local), **kwargs)
     adapter = local / "adapter"
     if adapter.is_dir():
@@ -299,11 +311,3 @@ def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> 
 
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
     return model
-
-
-def _local_copy(fs: Any, path: str) -> Path:
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        return Path(path)
-    target = Path(tempfile.mkdtemp(prefix="model-")) / "model"
-    fs.get(f"{path}/", str(target), recursive=True)  # trailing slash: copy the contents into target
-    return target

@@ -71,6 +71,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         run_key="span-full",
         storage=str(storage),
         checkpoint_every=2,
+        keep_checkpoints=None,  # every checkpoint kept: the layout below lists them all
     )
     reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
@@ -106,6 +107,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         run_key="span-full",
         storage=str(storage),
         checkpoint_every=2,
+        keep_checkpoints=None,  # every checkpoint kept: the layout below lists them all
     )
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
 
@@ -147,6 +149,7 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(
         checkpoint_every=2,
         batches_per_task=3,
         pipeline_depth=2,
+        keep_checkpoints=None,
     )
     reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-lora")
     assert (Path(summary["export"]) / "adapter").is_dir()
