@@ -38,7 +38,7 @@ from prefect_gliner2.runtime.errors import (
     permanent_storage_errno,
     storage_full_error,
 )
-from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
 from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
@@ -200,6 +200,8 @@ def train_flow(
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
     init_weights: str | None = None,
     keep_checkpoints: Annotated[int, Field(ge=1)] | None = DEFAULT_KEEP_CHECKPOINTS,
+    lease_ttl: Annotated[float, Field(ge=1)] = DEFAULT_LEASE_TTL,
+    lease_wait: Annotated[float, Field(ge=0)] = DEFAULT_LEASE_WAIT,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -224,6 +226,10 @@ def train_flow(
             Recorded with the run: a resume must pass the same value.
         keep_checkpoints: Keep the newest N checkpoints (plus the one taken at the best validation step and the one
             the cursor names); older ones are deleted once a newer checkpoint is committed. None keeps all.
+        lease_ttl: Seconds a remote-storage lease lives without a heartbeat (the holder renews it every ttl/3).
+        lease_wait: Seconds to wait for a run key held by another live run before failing. A lease of this same
+            flow run, of a process gone from this host, or of a flow run that Prefect reports final or CRASHED is
+            taken over at once.
     """
     logger = get_run_logger()
     prepared = prepare_run(
@@ -234,8 +240,10 @@ def train_flow(
     run_dir = prepared.run_dir
     flow_run_id = _flow_run_id()
     run_dir.create()
-    lease = RunLease(run_dir, flow_run_id=flow_run_id)
+    lease = RunLease(run_dir, flow_run_id=flow_run_id, ttl=lease_ttl, wait=lease_wait, holder_gone=holder_flow_run_gone)
     lease.acquire()
+    for reason in lease.took_over:
+        logger.warning("took over the lease of run key %s from %s", run_dir.run_key, reason)
     succeeded = False
     try:
         export_uri = export_to or run_dir.default_export_uri
@@ -453,6 +461,29 @@ def _summary(live: LiveRun, info: dict[str, Any], cursor: Any, start: int, outco
         "content_address": live.content_address,
         "flow_run_id": live.flow_run_id,
     }
+
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
+def holder_flow_run_gone(claim: dict[str, Any]) -> str | None:
+    """Why a lease holder's flow run provably no longer runs (final or CRASHED per the Prefect API), else None."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    flow_run_id = claim.get("flow_run_id")
+    if not flow_run_id:
+        return None
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(str(flow_run_id))).state
+    except (ObjectNotFound, ValueError):
+        return None  # not provable from here: wait for the TTL
+    if state is not None and state.type.value in FINAL_STATES:
+        return f"its flow run {flow_run_id} is {state.name} per the Prefect API"
+    return None
 
 
 def _flow_run_id() -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.tasks.training import RETRYING, call_worker
 
 __all__ = ["export_model"]
@@ -24,6 +25,7 @@ __all__ = ["export_model"]
 )
 def export_model(run_key: str, uri: str, which: str = "best") -> dict[str, Any]:
     """Export the best model (when validation selected one) or the final model to `uri`."""
+    live_runs.get(run_key).lease.check()  # a run that lost its run key publishes nothing
     info = call_worker(run_key, "export", uri=uri, which=which)
     get_run_logger().info("exported the %s model (step %s) to %s", info.get("label"), info.get("step"), uri)
     return dict(info)

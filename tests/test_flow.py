@@ -307,7 +307,7 @@ def test_refusals(space: dict[str, Any]) -> None:
     busy = RunDirectory(storage, "busy")
     busy.create()
     with RunLease(busy, flow_run_id="someone-else"), pytest.raises(RunLockedError, match="in use by another live run"):
-        run_flow(**base, run_key="busy")
+        run_flow(**base, run_key="busy", lease_wait=0)
     assert not any(name.startswith("step-") for name in os.listdir(busy.path + "/checkpoints"))
 
 
@@ -407,7 +407,7 @@ def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(RunLockedError, match=f"pid {holder.pid} .*flow run holder"):
-        RunLease(run_dir).acquire()
+        RunLease(run_dir, wait=0).acquire()
     holder.kill()  # kill -9: the kernel drops the flock
     holder.wait(10)
     assert pid_gone(holder.pid)
@@ -423,18 +423,16 @@ def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
     run_dir.create()
     first = RunLease(run_dir, flow_run_id="one", ttl=0.6)
     first.acquire()
-    with pytest.raises(RunLockedError, match="flow run one"):
-        RunLease(run_dir, ttl=0.6).acquire()
+    with pytest.raises(RunLockedError, match="flow run one.*expires at"):
+        RunLease(run_dir, ttl=0.6, wait=0).acquire()
     time.sleep(1.0)  # the heartbeat keeps renewing it
     with pytest.raises(RunLockedError):
-        RunLease(run_dir, ttl=0.6).acquire()
+        RunLease(run_dir, ttl=0.6, wait=0).acquire()
     first._stop.set()  # the holder "dies": no more heartbeats
     time.sleep(1.0)
-    second = RunLease(run_dir, flow_run_id="two", ttl=0.6)
+    second = RunLease(run_dir, flow_run_id="two", ttl=0.6, wait=0)
     second.acquire()  # the stale lease is taken over
-    time.sleep(0.1)
-    first._stop.clear()
-    first._heartbeat_once()
+    assert second.took_over and "TTL" in second.took_over[0]
     with pytest.raises(RunLockedError, match="taken over"):
         first.check()
     second.release()
