@@ -276,6 +276,12 @@ def _alive(pid: Any, start: Any) -> bool:
         return False
     except PermissionError:
         return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False  # a zombie: dead, not yet reaped
+    except (OSError, IndexError):
+        pass
     current = _process_start(pid)
     return start is None or current is None or current == start
 

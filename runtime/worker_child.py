@@ -345,10 +345,13 @@ def _checkpoint_conflict(uri: str, meta: dict[str, Any], cursor: int) -> Excepti
 
 @contextmanager
 def _write_hook(point: str, index: int) -> Iterator[None]:
-    """Test hooks `checkpoint-write` / `export-write`: fire when the files are complete, just before the commit."""
+    """Test hooks `checkpoint-write` / `export-write`: fire when the files are complete, just before the commit
+    (local storage: the rename), or mid-upload on object storage (after the first object, before the marker)."""
     if not faults.active():
         yield
         return
+    from prefect_gliner2.session_core.atomic import set_upload_hook
+
     original = os.rename
 
     def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
@@ -357,7 +360,9 @@ def _write_hook(point: str, index: int) -> Iterator[None]:
         original(src, dst, *args, **kwargs)
 
     os.rename = rename  # type: ignore[assignment]
+    set_upload_hook(lambda stage: faults.hit(point, index))
     try:
         yield
     finally:
         os.rename = original
+        set_upload_hook(None)

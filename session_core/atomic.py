@@ -1,11 +1,29 @@
-"""Atomic local file writes (torch-free): a file is either its old content or its new content, never half."""
+"""Atomic local file writes (torch-free): a file is either its old content or its new content, never half.
+
+Also the one test seam of multi-object uploads to object storage: ``upload_progress(stage)`` is called after the
+first object of a checkpoint or export upload (nothing happens unless a hook is set; the worker's fault injection
+sets one to kill a process mid-upload).
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 
-__all__ = ["fsync_dir", "write_file_atomic"]
+__all__ = ["fsync_dir", "set_upload_hook", "upload_progress", "write_file_atomic"]
+
+_UPLOAD_HOOK: list[Callable[[str], None]] = []
+
+
+def set_upload_hook(hook: Callable[[str], None] | None) -> None:
+    """Install (or with None remove) the function called by upload_progress."""
+    _UPLOAD_HOOK[:] = [hook] if hook is not None else []
+
+
+def upload_progress(stage: str) -> None:
+    for hook in list(_UPLOAD_HOOK):
+        hook(stage)
 
 
 def fsync_dir(path: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import fsspec
 
-from .atomic import fsync_dir
+from .atomic import fsync_dir, upload_progress
 from .errors import CheckpointError
 
 INDEX_FILE = "checkpoint.json"
@@ -115,6 +115,7 @@ def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) ->
         for name, data in files.items():
             with fs.open(f"{path}/{name}", "wb") as handle:
                 handle.write(data)
+            upload_progress("checkpoint")
         with fs.open(f"{path}/{INDEX_FILE}", "wb") as handle:
             handle.write(index_bytes)
     return _sha256(index_bytes)

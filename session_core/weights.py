@@ -14,10 +14,12 @@ built from detached copies; live weights, optimizer state and RNG streams are ne
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ import fsspec
 import safetensors.torch
 import torch
 
+from .atomic import upload_progress
 from .checkpoint import INDEX_FILE, read_checkpoint
 from .engine import unwrap, validate_adapter_config
 from .errors import AdapterMismatchError, WeightsError
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from .session import TrainingSession
 
 EXPORT_FILE = "export.json"
+
+logger = logging.getLogger(__name__)
 _WIDENING = {
     (torch.float16, torch.float32),
     (torch.bfloat16, torch.float32),
@@ -245,26 +250,45 @@ def _export_copy(copy: Any, staging: Path, *, merged: bool, lora: bool) -> None:
     copy.unload().save_pretrained(str(staging))
 
 
+PENDING_FILE = ".export-pending.json"
+TEMP_PREFIX = "prefect-gliner2-"
+
+
 class _staging:
-    """A local directory that becomes `uri` on success (rename on local storage, upload elsewhere)."""
+    """A local directory that becomes `uri` on success: a rename on local storage; elsewhere an upload that writes
+    `.export-pending.json` first and `export.json` (the completion marker) last.
+
+    A destination that holds our pending marker but no export.json is the debris of an interrupted export and is
+    replaced; any other non-empty destination is refused. The local staging copy of a remote export lives in the
+    temp directory as `prefect-gliner2-export-<pid>-*`: removed on every path, and after a kill by the next
+    export or model load on the machine (clean_stale_temp)."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self.fs, self.path = fsspec.core.url_to_fs(uri)
         self.path = self.path.rstrip("/")
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.local = _is_local_fs(self.fs)
 
     def __enter__(self) -> Path:
         if self.fs.exists(self.path) and (not self.fs.isdir(self.path) or self.fs.ls(self.path)):
-            raise WeightsError(f"export destination {self.uri} already exists and is not empty; choose a new location")
+            if self.local or not self._interrupted():
+                raise WeightsError(
+                    f"export destination {self.uri} already exists and is not empty; choose a new location"
+                )
+            logger.warning("replacing the incomplete export at %s (an interrupted upload)", self.uri)
+            self.fs.rm(self.path, recursive=True)
         if self.local:
             parent = os.path.dirname(os.path.abspath(self.path)) or "."
             os.makedirs(parent, mode=0o700, exist_ok=True)
             self.dir = Path(parent) / f".{os.path.basename(self.path)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
             self.dir.mkdir(mode=0o700)
         else:
-            self.dir = Path(tempfile.mkdtemp(prefix="export-"))
+            clean_stale_temp()
+            self.dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}export-{os.getpid()}-"))
         return self.dir
+
+    def _interrupted(self) -> bool:
+        return bool(self.fs.exists(f"{self.path}/{PENDING_FILE}")) and not self.fs.exists(f"{self.path}/{EXPORT_FILE}")
 
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
         try:
@@ -275,27 +299,67 @@ class _staging:
                     os.rmdir(self.path)
                 os.rename(self.dir, self.path)
             else:
-                marker = self.dir / EXPORT_FILE
-                payload = marker.read_bytes()
-                marker.unlink()
-                self.fs.put(f"{self.dir}/", self.path, recursive=True)  # trailing slash: the contents
-                with self.fs.open(f"{self.path}/{EXPORT_FILE}", "wb") as handle:
-                    handle.write(payload)
+                self._upload()
         finally:
             if self.dir.exists():
                 shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _upload(self) -> None:
+        marker = self.dir / EXPORT_FILE
+        payload = marker.read_bytes()
+        marker.unlink()
+        pending = {"uri": self.uri, "pid": os.getpid(), "started": time.time()}
+        self.fs.pipe_file(f"{self.path}/{PENDING_FILE}", json.dumps(pending).encode())
+        for local in sorted(p for p in self.dir.rglob("*") if p.is_file()):
+            self.fs.put_file(str(local), f"{self.path}/{local.relative_to(self.dir).as_posix()}")
+            upload_progress("export")
+        self.fs.pipe_file(f"{self.path}/{EXPORT_FILE}", payload)  # the export is published by this marker
+        self.fs.rm(f"{self.path}/{PENDING_FILE}")
+
+
+def _is_local_fs(fs: Any) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def clean_stale_temp() -> list[str]:
+    """Remove temp copies (`prefect-gliner2-*-<pid>-*`) whose process is gone: debris of a killed export or load."""
+    removed = []
+    root = Path(tempfile.gettempdir())
+    for entry in root.glob(f"{TEMP_PREFIX}*-*-*"):
+        parts = entry.name[len(TEMP_PREFIX) :].split("-")
+        if len(parts) < 3 or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(str(entry))
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> Any:
     """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one.
 
-    A remote export is downloaded into a temporary directory that is removed before this returns (on every path):
-    the model is held in memory, nothing is left on disk."""
+    A remote export is downloaded into a temporary directory that is removed before this returns (on every path;
+    after a kill, by the next load or export on the machine): the model is held in memory, nothing stays on disk.
+    An export without its completion marker (an interrupted upload) is refused."""
     fs, path = fsspec.core.url_to_fs(uri)
     path = path.rstrip("/")
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    if fs.exists(f"{path}/{PENDING_FILE}") and not fs.exists(f"{path}/{EXPORT_FILE}"):
+        raise WeightsError(
+            f"{uri} is an incomplete export (its upload was interrupted); resume the training run that writes it"
+        )
+    if _is_local_fs(fs):
         return _load_export_dir(Path(path), trainable, kwargs)
-    with tempfile.TemporaryDirectory(prefix="prefect-gliner2-model-") as scratch:
+    clean_stale_temp()
+    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}model-{os.getpid()}-") as scratch:
         target = Path(scratch) / "model"
         fs.get(f"{path}/", str(target), recursive=True)  # trailing slash: copy the contents into target
         return _load_export_dir(target, trainable, kwargs)
