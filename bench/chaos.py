@@ -470,6 +470,8 @@ def _staged_run(finished: Path, target: Path, checkpoint: str) -> None:
 
 
 def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[FaultResult]:
+    from prefect_gliner2.session_core import layout
+
     storage = root / "faults"
     base = dict(
         model="tiny:span",
@@ -522,7 +524,9 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
             continue
         bits = compare_exports(summary["export"], reference["export"])[2]
         quarantined = sorted(
-            p.name for p in (storage / key / "checkpoints").iterdir() if p.name.startswith(".damaged-")
+            p.name
+            for p in (storage / key / layout.CHECKPOINTS_DIR).iterdir()
+            if p.name.startswith(layout.DAMAGED_PREFIX)
         )
         note = (
             f"damaged checkpoint moved aside ({quarantined[0]}); continued from the previous intact checkpoint"
@@ -536,7 +540,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     flag = root / "raise-once"
     summary = run_in_process({**base, "run_key": key}, {"PREFECT_GLINER2_TEST_RAISE": f"checkpoint-write:7:{flag}"})
     bits = compare_exports(summary["export"], reference["export"])[2]
-    debris = [p.name for p in (storage / key / "checkpoints").iterdir() if ".partial-" in p.name]
+    debris = [p.name for p in (storage / key / layout.CHECKPOINTS_DIR).iterdir() if layout.is_debris(p.name)]
     results.append(
         FaultResult(
             "checkpoint write fails before its commit (injected, once)",
@@ -573,7 +577,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     # Detected means reported as a permanent StorageFullError (EFBIG), not retried as if it were transient.
     efbig = "StorageFullError" in output and "EFBIG" in output
     committed = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-"))
-    debris = [p.name for p in (run / "checkpoints").iterdir() if ".partial-" in p.name]
+    debris = [p.name for p in (run / layout.CHECKPOINTS_DIR).iterdir() if layout.is_debris(p.name)]
     summary = run_in_process({**base, "run_key": key})
     bits = compare_exports(summary["export"], reference["export"])[2]
     last_error = next(

@@ -22,13 +22,17 @@ from typing import Any
 
 import fsspec
 
-from prefect_gliner2.session_core.atomic import write_file_atomic
+from prefect_gliner2.session_core import storage
 from prefect_gliner2.session_core.errors import SessionCoreError
+from prefect_gliner2.session_core.layout import (
+    MODEL_CONFIG_FILE,
+    REGISTRY_LINEAGE_FILE,
+    REGISTRY_POINTER_FILE,
+    REGISTRY_VERSIONS_DIR,
+)
 
 __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
 
-LINEAGE_FILE = "lineage.json"
-POINTER_FILE = "CURRENT.json"
 _VERSION = re.compile(r"^v(\d{6})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -60,30 +64,30 @@ class ModelRegistry:
         self.name = name
         self.root = root.rstrip("/")
         self.path = f"{base.rstrip('/')}/{name}"
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.local = storage.is_local(self.fs)
 
     # ---- reading ---------------------------------------------------------------------------------------------
 
     def versions(self) -> list[ModelVersion]:
         """Complete versions, oldest first."""
-        folder = f"{self.path}/versions"
+        folder = f"{self.path}/{REGISTRY_VERSIONS_DIR}"
         if not self.fs.exists(folder):
             return []
         found = []
         for entry in self.fs.ls(folder, detail=False):
             version = entry.rstrip("/").rsplit("/", 1)[-1]
-            if _VERSION.match(version) and self.fs.exists(f"{folder}/{version}/{LINEAGE_FILE}"):
+            if _VERSION.match(version) and self.fs.exists(f"{folder}/{version}/{REGISTRY_LINEAGE_FILE}"):
                 found.append(self.get(version))
         return sorted(found, key=lambda v: v.number)
 
     def get(self, version: str) -> ModelVersion:
         if not isinstance(version, str) or not _VERSION.match(version):
             raise RegistryError(f"version {version!r} is not of the form v000001")
-        lineage_path = f"{self.path}/versions/{version}/{LINEAGE_FILE}"
+        lineage_path = f"{self.path}/{REGISTRY_VERSIONS_DIR}/{version}/{REGISTRY_LINEAGE_FILE}"
         if not self.fs.exists(lineage_path):
             raise RegistryError(f"{self.name} has no complete version {version}; list versions() to see what exists")
         lineage = json.loads(self.fs.cat_file(lineage_path))
-        return ModelVersion(version=version, uri=self._uri(f"versions/{version}"), lineage=lineage)
+        return ModelVersion(version=version, uri=self._uri(f"{REGISTRY_VERSIONS_DIR}/{version}"), lineage=lineage)
 
     def latest(self) -> ModelVersion | None:
         """The newest registered version, promoted or not (what change detection compares against)."""
@@ -92,14 +96,14 @@ class ModelRegistry:
 
     def current(self) -> ModelVersion | None:
         """The version CURRENT points at (None before the first promotion)."""
-        pointer = f"{self.path}/{POINTER_FILE}"
+        pointer = f"{self.path}/{REGISTRY_POINTER_FILE}"
         if not self.fs.exists(pointer):
             return None
         try:
             data = json.loads(self.fs.cat_file(pointer))
         except ValueError as exc:
             raise RegistryError(
-                f"{self.name}'s {POINTER_FILE} is not valid JSON ({exc}); promote a version again"
+                f"{self.name}'s {REGISTRY_POINTER_FILE} is not valid JSON ({exc}); promote a version again"
             ) from exc
         return self.get(data["version"])
 
@@ -108,10 +112,10 @@ class ModelRegistry:
     def register(self, source: str, lineage: dict[str, Any]) -> ModelVersion:
         """Copy a model directory in as the next version; lineage.json is written last (the commit marker)."""
         src_fs, src_path = fsspec.core.url_to_fs(source)
-        if not src_fs.isdir(src_path) or not src_fs.exists(f"{src_path.rstrip('/')}/config.json"):
-            raise RegistryError(f"cannot register {source}: it is not a model directory with config.json")
+        if not src_fs.isdir(src_path) or not src_fs.exists(f"{src_path.rstrip('/')}/{MODEL_CONFIG_FILE}"):
+            raise RegistryError(f"cannot register {source}: it is not a model directory with {MODEL_CONFIG_FILE}")
         version = self._claim_next()
-        target = f"{self.path}/versions/{version}"
+        target = f"{self.path}/{REGISTRY_VERSIONS_DIR}/{version}"
         for entry in src_fs.find(src_path.rstrip("/")):
             relative = entry[len(src_path.rstrip("/")) + 1 :]
             parent = f"{target}/{relative}".rsplit("/", 1)[0]
@@ -119,7 +123,7 @@ class ModelRegistry:
             with src_fs.open(entry, "rb") as reader, self.fs.open(f"{target}/{relative}", "wb") as writer:
                 writer.write(reader.read())
         record = {**lineage, "version": version, "registered_at": time.time(), "source": source}
-        self._write_atomic(f"{target}/{LINEAGE_FILE}", json.dumps(record, indent=1, sort_keys=True).encode())
+        self._write_atomic(f"{target}/{REGISTRY_LINEAGE_FILE}", json.dumps(record, indent=1, sort_keys=True).encode())
         return self.get(version)
 
     def promote(self, version: str) -> ModelVersion:
@@ -132,11 +136,11 @@ class ModelRegistry:
             "updated_at": time.time(),
         }
         self.fs.makedirs(self.path, exist_ok=True)
-        self._write_atomic(f"{self.path}/{POINTER_FILE}", json.dumps(pointer, sort_keys=True).encode())
+        self._write_atomic(f"{self.path}/{REGISTRY_POINTER_FILE}", json.dumps(pointer, sort_keys=True).encode())
         return chosen
 
     def _claim_next(self) -> str:
-        folder = f"{self.path}/versions"
+        folder = f"{self.path}/{REGISTRY_VERSIONS_DIR}"
         self.fs.makedirs(folder, exist_ok=True)
         taken = [
             int(m.group(1))
@@ -159,10 +163,7 @@ class ModelRegistry:
             number += 1
 
     def _write_atomic(self, path: str, data: bytes) -> None:
-        if not self.local:
-            self.fs.pipe_file(path, data)  # a single object write is atomic on object stores
-            return
-        write_file_atomic(path, data)
+        storage.write_atomic(self.fs, path, data)
 
     def _uri(self, relative: str) -> str:
         return f"{self.root}/{self.name}/{relative}"

@@ -36,11 +36,11 @@ from typing import Any
 
 from prefect_gliner2.runtime.errors import LeaseUnreadableError, RunLockedError
 from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.session_core.layout import LEASE_CLAIMS_DIR as CLAIMS_DIR
+from prefect_gliner2.session_core.layout import LEASE_FILE
 
 __all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_LEASE_WAIT", "RunLease"]
 
-LEASE_FILE = ".lease"
-CLAIMS_DIR = ".lease.d"
 DEFAULT_LEASE_TTL = 60.0
 DEFAULT_LEASE_WAIT = 90.0  # longer than the TTL: a lost holder's lease always expires within the wait
 _POLL = 0.5

@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.layout import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE
 
 __all__ = ["check_model_source", "load_model", "model_architecture", "parse_tiny", "tiny_model_dir"]
 
@@ -67,7 +68,7 @@ def model_architecture(source: str) -> str:
         return tiny[0]
     path = os.path.expanduser(source)
     if os.path.isdir(path):
-        config_path = os.path.join(path, "config.json")
+        config_path = os.path.join(path, MODEL_CONFIG_FILE)
         if not os.path.isfile(config_path):
             raise ConfigError(
                 f"model directory {source!r} has no config.json; pass a directory written by save_pretrained"
@@ -77,7 +78,7 @@ def model_architecture(source: str) -> str:
     try:
         from huggingface_hub import hf_hub_download
 
-        with open(hf_hub_download(source, "config.json"), encoding="utf-8") as handle:
+        with open(hf_hub_download(source, MODEL_CONFIG_FILE), encoding="utf-8") as handle:
             return _architecture(json.load(handle), source)
     except Exception as exc:  # noqa: BLE001 - any hub failure means the same thing to the user
         raise ConfigError(
@@ -111,7 +112,7 @@ def tiny_model_dir(architecture: str, hidden: int, layers: int) -> str:
 
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "prefect-gliner2")
     path = os.path.join(cache, f"tiny-{architecture}-{hidden}x{layers}-seed0")
-    if not os.path.isfile(os.path.join(path, "model.safetensors")):
+    if not os.path.isfile(os.path.join(path, MODEL_WEIGHTS_FILE)):
         os.makedirs(cache, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tiny-{architecture}-", dir=cache)
         save_tiny_model(staging, architecture, 0, hidden_size=hidden, num_layers=layers)

@@ -24,6 +24,7 @@ from typing import Any
 
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.rundir import RunDirectory, checkpoint_position
+from prefect_gliner2.session_core.layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
 
 __all__ = [
     "ENV_CPU_THREADS",
@@ -36,7 +37,6 @@ __all__ = [
 
 ENV_CPU_THREADS = "PREFECT_GLINER2_CPU_THREADS"
 ENV_WORKER_SLOTS = "PREFECT_GLINER2_WORKER_SLOTS"
-INDEX_FILE = "checkpoint.json"
 
 logger = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@
         export/                             the exported model (unless an export location is given)
         .lease                              the lease (flock on local storage; owner + heartbeat elsewhere)
 
+The names are ``prefect_gliner2.session_core.layout``'s; writes and debris cleaning follow its ``storage`` module.
 On local storage directories are created 0o700 and files 0o600. The durable cursor is replaced atomically and
 only ever moves forward; checkpoints are found through it, never by listing or modification time.
 """
@@ -18,25 +19,15 @@ import json
 import os
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
-from prefect_gliner2.session_core.atomic import write_file_atomic
+from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.storage import is_local, remove_debris, resolve, write_atomic
 
-__all__ = [
-    "CURSOR_VERSION",
-    "DurableCursor",
-    "RunDirectory",
-    "checkpoint_name",
-    "checkpoint_position",
-    "validate_run_key",
-]
+__all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_position", "validate_run_key"]
 
 CURSOR_VERSION = 1
 RUN_INFO_VERSION = 1
@@ -53,20 +44,12 @@ def validate_run_key(run_key: Any) -> str:
     return run_key
 
 
-_CHECKPOINT_NAME = re.compile(r"^step-(\d{6})-batch-(\d{6})$")
-
-
-def checkpoint_name(step: int, index: int) -> str:
-    """Readable checkpoint directory name: optimizer step and last batch included."""
-    return f"step-{step:06d}-batch-{index:06d}"
-
-
 def checkpoint_position(name: str) -> tuple[int, int]:
     """(optimizer step, last batch included) of a checkpoint directory name."""
-    match = _CHECKPOINT_NAME.match(name)
-    if match is None:
+    position = layout.parse_checkpoint_name(name)
+    if position is None:
         raise ValueError(f"{name!r} is not a checkpoint directory name (step-NNNNNN-batch-NNNNNN)")
-    return int(match.group(1)), int(match.group(2))
+    return position
 
 
 @dataclass(frozen=True)
@@ -108,9 +91,9 @@ class RunDirectory:
     def __init__(self, storage: str, run_key: str) -> None:
         self.run_key = validate_run_key(run_key)
         self.storage = os.path.expanduser(storage) if "://" not in storage else storage
-        self.fs, root = fsspec.core.url_to_fs(self.storage)
-        self.local = isinstance(self.fs, LocalFileSystem)
-        root = os.path.abspath(root) if self.local else root.rstrip("/")
+        self.fs, root = resolve(self.storage)
+        self.local = is_local(self.fs)
+        root = os.path.abspath(root) if self.local else root
         self.path = f"{root}/{self.run_key}"
         self.uri = self.path if self.local else self.fs.unstrip_protocol(self.path)
 
@@ -119,18 +102,22 @@ class RunDirectory:
 
     @property
     def manifest_uri(self) -> str:
-        return self.join("manifest.json")
+        return self.join(layout.MANIFEST_FILE)
 
     @property
     def cursor_uri(self) -> str:
-        return self.join("cursor.json")
+        return self.join(layout.CURSOR_FILE)
 
     @property
     def default_export_uri(self) -> str:
-        return self.join("export")
+        return self.join(layout.EXPORT_DIR)
+
+    @property
+    def checkpoints_uri(self) -> str:
+        return self.join(layout.CHECKPOINTS_DIR)
 
     def checkpoint_uri(self, name: str) -> str:
-        return self.join("checkpoints", name)
+        return self.join(layout.CHECKPOINTS_DIR, name)
 
     # ---- creation and write-once files ---------------------------------------------------------------------
 
@@ -138,11 +125,11 @@ class RunDirectory:
         """Create the run directory (owner-only on local storage) and its checkpoints/ folder."""
         try:
             if self.local:
-                for path in (self.path, f"{self.path}/checkpoints"):
+                for path in (self.path, self._checkpoints):
                     os.makedirs(path, mode=0o700, exist_ok=True)
                 os.chmod(self.path, 0o700)
             else:
-                self.fs.makedirs(f"{self.path}/checkpoints", exist_ok=True)
+                self.fs.makedirs(self._checkpoints, exist_ok=True)
         except OSError as exc:
             raise ConfigError(
                 f"cannot create run directory {self.uri}: {exc.strerror or exc}; pass a writable "
@@ -157,20 +144,14 @@ class RunDirectory:
         return bytes(self.fs.cat_file(path)) if self.fs.exists(path) else None
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        """Atomically replace `name` (temp file + fsync + rename locally; temp object + move elsewhere)."""
-        path = f"{self.path}/{name}"
-        if self.local:
-            write_file_atomic(path, data)
-        else:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, path)
+        """Atomically replace `name` (``storage.write_atomic``)."""
+        write_atomic(self.fs, f"{self.path}/{name}", data)
 
     def ensure_manifest(self, manifest: bytes) -> bool:
         """Write the manifest if the run is new (True); refuse a different one under this run key."""
-        existing = self.read_bytes("manifest.json")
+        existing = self.read_bytes(layout.MANIFEST_FILE)
         if existing is None:
-            self.write_bytes("manifest.json", manifest)
+            self.write_bytes(layout.MANIFEST_FILE, manifest)
             return True
         if existing != manifest:
             raise RunConflictError(_manifest_difference(self.run_key, self.uri, existing, manifest))
@@ -178,10 +159,10 @@ class RunDirectory:
 
     def ensure_run_info(self, settings: dict[str, Any]) -> dict[str, Any]:
         """Record run settings on first use; afterwards they must match (returns the recorded ones)."""
-        data = self.read_bytes("run.json")
+        data = self.read_bytes(layout.RUN_INFO_FILE)
         if data is None:
             record = {"version": RUN_INFO_VERSION, **settings}
-            self.write_bytes("run.json", json.dumps(record, sort_keys=True, indent=1).encode())
+            self.write_bytes(layout.RUN_INFO_FILE, json.dumps(record, sort_keys=True, indent=1).encode())
             return record
         record = json.loads(data)
         differing = [
@@ -195,13 +176,13 @@ class RunDirectory:
         return dict(record)
 
     def read_run_info(self) -> dict[str, Any] | None:
-        data = self.read_bytes("run.json")
+        data = self.read_bytes(layout.RUN_INFO_FILE)
         return json.loads(data) if data is not None else None
 
     # ---- durable cursor ------------------------------------------------------------------------------------
 
     def read_cursor(self) -> DurableCursor | None:
-        data = self.read_bytes("cursor.json")
+        data = self.read_bytes(layout.CURSOR_FILE)
         if data is None:
             return None
         try:
@@ -225,8 +206,11 @@ class RunDirectory:
             )
             if not forward:
                 return False
-        self.write_bytes("cursor.json", json.dumps(new.to_dict(), sort_keys=True, indent=1).encode())
+        self._write_cursor(new)
         return True
+
+    def _write_cursor(self, cursor: DurableCursor) -> None:
+        self.write_bytes(layout.CURSOR_FILE, json.dumps(cursor.to_dict(), sort_keys=True, indent=1).encode())
 
     def newest_checkpoint_uri(self) -> str | None:
         """The checkpoint the durable cursor names (what a fresh worker restores), or None for a new run."""
@@ -244,16 +228,16 @@ class RunDirectory:
         return self._checkpoint_dirs(committed=False)
 
     def _checkpoint_dirs(self, *, committed: bool) -> list[str]:
-        folder = f"{self.path}/checkpoints"
+        folder = self._checkpoints
         if not self.fs.exists(folder):
             return []
-        self.fs.invalidate_cache(folder)
+        self.fs.invalidate_cache(folder)  # other processes write here (object-store listings are cached)
         found = []
         for entry in self.fs.ls(folder, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            match = _CHECKPOINT_NAME.match(name)
-            if match and self.fs.exists(f"{folder}/{name}/checkpoint.json") == committed:
-                found.append((int(match.group(1)), int(match.group(2)), name))
+            position = layout.parse_checkpoint_name(name)
+            if position and self.fs.exists(f"{folder}/{name}/{layout.CHECKPOINT_INDEX_FILE}") == committed:
+                found.append((*position, name))
         return [name for *_, name in sorted(found)]
 
     def recover_damaged_restore_point(self, epoch_of: Any) -> str | None:
@@ -291,7 +275,7 @@ class RunDirectory:
                 finished=bool(meta.get("finished")),
                 fingerprint=cursor.fingerprint,
             )
-            self.write_bytes("cursor.json", json.dumps(rewound.to_dict(), sort_keys=True, indent=1).encode())
+            self._write_cursor(rewound)
             return cursor.checkpoint
         raise CheckpointError(
             f"{damage}; no intact earlier checkpoint of this run exists: start again under a new run key"
@@ -299,31 +283,28 @@ class RunDirectory:
 
     def _quarantine(self, name: str) -> None:
         """Move a damaged checkpoint aside (kept for inspection; debris cleaning leaves it alone)."""
-        source = f"{self.path}/checkpoints/{name}"
-        target = f"{self.path}/checkpoints/.damaged-{name}-{int(time.time())}"
+        source = f"{self._checkpoints}/{name}"
+        target = f"{self._checkpoints}/{layout.damaged_name(name, int(time.time()))}"
         self.fs.mv(source, target, recursive=True)
 
     # ---- debris --------------------------------------------------------------------------------------------
 
     def remove_debris(self, export_uri: str | None = None) -> list[str]:
         """Delete half-written checkpoints, exports and temp files left by a killed run (only while holding the
-        lease). Besides the run directory, the staging folders of `export_uri` (local, next to it) are removed."""
+        lease). Besides the run directory, the staging folders of a local `export_uri` (next to it) are removed."""
         removed: list[str] = []
-        for folder in (self.path, f"{self.path}/checkpoints"):
-            if not self.fs.exists(folder):
-                continue
-            for entry in self.fs.ls(folder, detail=False):
-                name = entry.rstrip("/").rsplit("/", 1)[-1]
-                if name.startswith(".") and (".partial-" in name or name.endswith(".tmp")):
-                    self.fs.rm(entry, recursive=True)
-                    removed.append(name)
-        if export_uri is not None and "://" not in export_uri:
-            parent, name = os.path.split(os.path.abspath(os.path.expanduser(export_uri)))
-            for entry in os.listdir(parent) if os.path.isdir(parent) else []:
-                if entry.startswith(f".{name}.partial-"):
-                    self.fs.rm(os.path.join(parent, entry), recursive=True)
-                    removed.append(entry)
+        for folder in (self.path, self._checkpoints):
+            removed += remove_debris(self.fs, folder)
+        if export_uri is not None:
+            export_fs, export_path = resolve(export_uri)
+            if is_local(export_fs):
+                parent, name = os.path.split(export_path)
+                removed += remove_debris(export_fs, parent, of=name)
         return removed
+
+    @property
+    def _checkpoints(self) -> str:
+        return f"{self.path}/{layout.CHECKPOINTS_DIR}"
 
 
 def _manifest_difference(run_key: str, uri: str, existing: bytes, requested: bytes) -> str:

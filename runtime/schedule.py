@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prefect_gliner2.runtime.rundir import RunDirectory, checkpoint_name
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.session_core.layout import checkpoint_name
 
 __all__ = ["Unit", "is_checkpoint_point", "unit_op", "units"]
 

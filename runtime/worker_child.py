@@ -31,6 +31,7 @@ from typing import Any
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.errors import permanent_storage_errno
 from prefect_gliner2.runtime.model_sources import load_model
+from prefect_gliner2.session_core import layout, storage
 
 PR_SET_PDEATHSIG = 1
 _WATCHDOG_SECONDS = 0.5
@@ -235,7 +236,7 @@ class SessionRunner:
             if existing.get("plan_fingerprint") != self.plan.fingerprint or existing.get("cursor") != run.cursor:
                 raise _checkpoint_conflict(uri, existing, run.cursor)
             return {**info, "committed": True, "existing": True}
-        _remove_uncommitted(uri)
+        storage.remove_uncommitted(uri)  # debris of an interrupted write of this checkpoint (we hold the lease)
         faults.hit("checkpoint", index)
         with _write_hook("checkpoint-write", index):
             digest = run.save_state(uri)
@@ -274,62 +275,34 @@ class SessionRunner:
 
 def init_weights_dir(uri: str, lora: bool) -> str:
     """The directory load_weights should read: an export directory's adapter/ for a LoRA run, else `uri` itself."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    adapter = f"{path.rstrip('/')}/adapter"
-    if lora and fs.exists(f"{adapter}/adapter_config.json"):
-        return f"{uri.rstrip('/')}/adapter"
+    fs, path = storage.resolve(uri)
+    if lora and fs.exists(f"{path}/{layout.ADAPTER_DIR}/{layout.ADAPTER_CONFIG_FILE}"):
+        return f"{uri.rstrip('/')}/{layout.ADAPTER_DIR}"
     return uri
 
 
 def _is_native_model_dir(uri: str) -> bool:
     """A plain native model directory (not a checkpoint, not a PEFT adapter)."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    path = path.rstrip("/")
+    fs, path = storage.resolve(uri)
     return (
-        fs.exists(f"{path}/config.json")
-        and not fs.exists(f"{path}/checkpoint.json")
-        and not fs.exists(f"{path}/adapter_config.json")
+        fs.exists(f"{path}/{layout.MODEL_CONFIG_FILE}")
+        and not fs.exists(f"{path}/{layout.CHECKPOINT_INDEX_FILE}")
+        and not fs.exists(f"{path}/{layout.ADAPTER_CONFIG_FILE}")
     )
 
 
 def _committed_meta(uri: str) -> dict[str, Any] | None:
-    import fsspec
-
-    from prefect_gliner2.session_core.checkpoint import INDEX_FILE
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    index = f"{path.rstrip('/')}/{INDEX_FILE}"
+    fs, path = storage.resolve(uri)
+    index = f"{path}/{layout.CHECKPOINT_INDEX_FILE}"
     if not fs.exists(index):
         return None
     meta = json.loads(fs.cat_file(index)).get("meta", {})
     return meta if isinstance(meta, dict) else {}
 
 
-def _remove_uncommitted(uri: str) -> None:
-    """Debris of an interrupted write of this checkpoint (we hold the run's lease): a directory without an index,
-    and on local storage the hidden staging directories next to it."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    path = path.rstrip("/")
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-    parent, name = os.path.split(path)
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)) and os.path.isdir(parent):
-        for entry in os.listdir(parent):
-            if entry.startswith(f".{name}.partial-"):
-                fs.rm(os.path.join(parent, entry), recursive=True)
-
-
 def _existing_export(uri: str) -> dict[str, Any] | None:
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    marker = f"{path.rstrip('/')}/export.json"
+    fs, path = storage.resolve(uri)
+    marker = f"{path}/{layout.EXPORT_MARKER_FILE}"
     return json.loads(fs.cat_file(marker)) if fs.exists(marker) else None
 
 
@@ -350,19 +323,17 @@ def _write_hook(point: str, index: int) -> Iterator[None]:
     if not faults.active():
         yield
         return
-    from prefect_gliner2.session_core.atomic import set_upload_hook
-
     original = os.rename
 
     def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        if ".partial-" in os.path.basename(os.fspath(src)):
+        if layout.STAGING_MARKER in os.path.basename(os.fspath(src)):
             faults.hit(point, index)
         original(src, dst, *args, **kwargs)
 
     os.rename = rename  # type: ignore[assignment]
-    set_upload_hook(lambda stage: faults.hit(point, index))
+    storage.set_upload_hook(lambda what: faults.hit(point, index))
     try:
         yield
     finally:
         os.rename = original
-        set_upload_hook(None)
+        storage.set_upload_hook(None)

@@ -2,42 +2,35 @@
 
 A checkpoint is a directory of named files plus `checkpoint.json`, the index, written last: it lists every file
 with its sha256 and size, the format name and version, and a small `meta` dict. A directory without a valid index
-is not a checkpoint. On local storage the files are written into a hidden sibling directory, fsynced, and renamed
-into place, so a kill at any moment leaves either nothing or a complete checkpoint; on object stores the index is
-the commit marker. Reading verifies every hash and size before anything is deserialised.
+is not a checkpoint. Writing is a ``storage.directory_commit`` with the index as its marker: on local storage the
+files are staged in a hidden sibling directory, fsynced, and renamed into place, so a kill at any moment leaves
+either nothing or a complete checkpoint; on object stores the index is the commit marker. Reading verifies every
+hash and size before anything is deserialised. File names come from ``layout``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-
-from .atomic import fsync_dir, upload_progress
 from .errors import CheckpointError
+from .layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
+from .storage import directory_commit, resolve
 
-INDEX_FILE = "checkpoint.json"
 FORMAT_NAME = "prefect-gliner2/checkpoint"
 FORMAT_VERSION = 1
 
 __all__ = [
     "FORMAT_VERSION",
-    "INDEX_FILE",
-    "STAGING_MARKER",
     "CheckpointFiles",
     "checkpoint_exists",
     "checkpoint_meta",
     "read_checkpoint",
     "write_checkpoint",
 ]
-
-# Local writes stage into a hidden sibling named ".<name>.partial-<pid>-<random>"; cleaners may rely on this marker.
-STAGING_MARKER = ".partial-"
 
 
 @dataclass
@@ -61,14 +54,10 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-
 def checkpoint_exists(uri: str) -> bool:
     """True when `uri` holds a committed checkpoint index (contents are not verified here)."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    return bool(fs.exists(f"{path.rstrip('/')}/{INDEX_FILE}"))
+    fs, path = resolve(uri)
+    return bool(fs.exists(f"{path}/{INDEX_FILE}"))
 
 
 def checkpoint_meta(uri: str) -> dict[str, Any] | None:
@@ -76,8 +65,8 @@ def checkpoint_meta(uri: str) -> dict[str, Any] | None:
 
     Cheap, for finding and describing checkpoints; `read_checkpoint` still verifies everything before a restore.
     """
-    fs, path = fsspec.core.url_to_fs(uri)
-    index_path = f"{path.rstrip('/')}/{INDEX_FILE}"
+    fs, path = resolve(uri)
+    index_path = f"{path}/{INDEX_FILE}"
     if not fs.exists(index_path):
         return None
     try:
@@ -90,17 +79,15 @@ def checkpoint_meta(uri: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else {}
 
 
-def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) -> str:
-    """Write `files` and the index atomically to `uri` (which must not exist yet); returns the index sha256."""
+def write_checkpoint(
+    uri: str, files: dict[str, bytes], meta: dict[str, Any], *, before_commit: Callable[[], None] | None = None
+) -> str:
+    """Write `files` and the index atomically to `uri` (which must not exist yet); returns the index sha256.
+
+    `before_commit` runs when every file but the index is in place (tests use it to kill a writer there)."""
     for name in files:
         if not name or "/" in name or name.startswith(".") or name == INDEX_FILE:
             raise CheckpointError(f"invalid checkpoint file name {name!r}")
-    fs, path = fsspec.core.url_to_fs(uri)
-    path = path.rstrip("/")
-    if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
-        raise CheckpointError(
-            f"checkpoint destination {uri} already exists; checkpoints are immutable, choose a new location"
-        )
     index = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -108,49 +95,22 @@ def write_checkpoint(uri: str, files: dict[str, bytes], meta: dict[str, Any]) ->
         "meta": meta,
     }
     index_bytes = json.dumps(index, sort_keys=True, indent=1).encode()
-    if _is_local(fs):
-        _write_local(path, files, index_bytes)
-    else:
-        fs.makedirs(path, exist_ok=True)
-        for name, data in files.items():
-            with fs.open(f"{path}/{name}", "wb") as handle:
-                handle.write(data)
-            upload_progress("checkpoint")
-        with fs.open(f"{path}/{INDEX_FILE}", "wb") as handle:
-            handle.write(index_bytes)
-    return _sha256(index_bytes)
-
-
-def _write_local(path: str, files: dict[str, bytes], index_bytes: bytes) -> None:
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    staging = os.path.join(parent, f".{os.path.basename(path)}{STAGING_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
-    os.mkdir(staging, 0o700)
     try:
-        for name, data in [*files.items(), (INDEX_FILE, index_bytes)]:
-            target = os.path.join(staging, name)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        fsync_dir(staging)
-        if os.path.isdir(path):
-            os.rmdir(path)  # an empty directory someone created for us
-        os.rename(staging, path)
-        fsync_dir(parent)
-    except BaseException:
-        for name in os.listdir(staging) if os.path.isdir(staging) else []:
-            os.unlink(os.path.join(staging, name))
-        if os.path.isdir(staging):
-            os.rmdir(staging)
-        raise
+        commit = directory_commit(uri, INDEX_FILE, what="checkpoint", before_commit=before_commit)
+    except FileExistsError:
+        raise CheckpointError(
+            f"checkpoint destination {uri} already exists; checkpoints are immutable, choose a new location"
+        ) from None
+    with commit:
+        for name, data in files.items():
+            commit.write(name, data)
+        commit.commit(index_bytes)
+    return _sha256(index_bytes)
 
 
 def read_checkpoint(uri: str) -> CheckpointFiles:
     """Read and verify a checkpoint: the index, then every listed file's size and sha256."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    path = path.rstrip("/")
+    fs, path = resolve(uri)
     index_path = f"{path}/{INDEX_FILE}"
     if not fs.exists(index_path):
         hint = " (it holds files but no index: an incomplete write)" if fs.exists(path) else ""

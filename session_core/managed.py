@@ -27,6 +27,7 @@ import torch
 
 from .checkpoint import read_checkpoint, write_checkpoint
 from .errors import ConfigError, PlanMismatchError, SessionStateError
+from .layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
 from .pairs import to_pairs
 from .plan import ManagedTrainingPlan
 from .session import TrainingSession
@@ -34,8 +35,6 @@ from .state import bytes_to_tensors, tensors_to_bytes
 from .weights import export_weights
 
 MANAGED_KIND = "managed"
-MANAGED_FILE = "managed.json"
-BEST_FILE = "best.safetensors"
 EVAL_SOURCES = {
     "eval_loss": "total_loss",
     "eval_classification_loss": "classification_loss",
@@ -214,9 +213,9 @@ class ManagedTraining:
     def save_state(self, uri: str) -> str:
         """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights."""
         files, meta = self.session.state_payload()
-        files[MANAGED_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
+        files[MANAGED_STATE_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
         if self.best_state is not None:
-            files[BEST_FILE] = tensors_to_bytes(self.best_state)
+            files[BEST_WEIGHTS_FILE] = tensors_to_bytes(self.best_state)
         meta.update(
             kind=MANAGED_KIND,
             plan_fingerprint=self.plan.fingerprint,
@@ -231,7 +230,7 @@ class ManagedTraining:
         checkpoint = read_checkpoint(uri)
         if checkpoint.meta.get("kind") != MANAGED_KIND:
             raise PlanMismatchError(f"{uri} is a plain session checkpoint; use TrainingSession.load_state for it")
-        state = json.loads(checkpoint.require(MANAGED_FILE))
+        state = json.loads(checkpoint.require(MANAGED_STATE_FILE))
         saved = state["plan_fingerprint"]
         if saved != self.plan.fingerprint:
             raise PlanMismatchError(
@@ -245,8 +244,8 @@ class ManagedTraining:
             raise SessionStateError("ManagedTraining.load_state needs a fresh session")
         self.session.restore_payload(checkpoint)
         self._load_managed_state(state)
-        best = checkpoint.files.get(BEST_FILE)
-        self.best_state = bytes_to_tensors(best, BEST_FILE) if best is not None else None
+        best = checkpoint.files.get(BEST_WEIGHTS_FILE)
+        self.best_state = bytes_to_tensors(best, BEST_WEIGHTS_FILE) if best is not None else None
         return checkpoint.meta
 
     def _managed_state(self) -> dict[str, Any]:

@@ -34,15 +34,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
-from prefect_gliner2.session_core.atomic import write_file_atomic
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
 from prefect_gliner2.session_core.records import (
@@ -52,6 +49,7 @@ from prefect_gliner2.session_core.records import (
     paused_gc,
     record_json,
 )
+from prefect_gliner2.session_core.storage import resolve, write_atomic
 
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.plan import ManagedTrainingPlan
@@ -59,10 +57,12 @@ if TYPE_CHECKING:
 __all__ = [
     "MANIFEST_SCHEMA_NAME",
     "MANIFEST_SCHEMA_VERSION",
+    "EncodedManifest",
     "LoadedManifest",
     "build_manifest",
     "content_address",
     "dumps_manifest",
+    "encode_manifest",
     "load_manifest",
     "manifest_bytes",
     "read_manifest",
@@ -121,9 +121,8 @@ class LoadedManifest:
 # ------------------------------------------------------------------------------------------- building
 
 
-def _manifest_parts(plan: ManagedTrainingPlan, eval_examples: Any) -> dict[str, str]:
+def _manifest_parts(plan: ManagedTrainingPlan, eval_records: RecordSet) -> dict[str, str]:
     """Top-level key -> canonical JSON text of its value, for every key but ``content_address``."""
-    eval_records = load_records(eval_examples if eval_examples is not None else [], what="validation", allow_empty=True)
     values: dict[str, Any] = {
         "schema": {"name": MANIFEST_SCHEMA_NAME, "version": MANIFEST_SCHEMA_VERSION},
         "plan_algorithm_version": _plan_algorithm_version(),
@@ -170,9 +169,13 @@ def _address(parts: Mapping[str, str]) -> str:
     return hashlib.sha256(_join(parts).encode("utf-8")).hexdigest()
 
 
+def _eval_records(eval_examples: Any) -> RecordSet:
+    return load_records(eval_examples if eval_examples is not None else [], what="validation", allow_empty=True)
+
+
 def build_manifest(plan: ManagedTrainingPlan, eval_examples: Any = None) -> dict[str, Any]:
     """``plan.to_manifest(eval_examples)``: the manifest as a dict (see the module docstring)."""
-    parts = _manifest_parts(plan, eval_examples)
+    parts = _manifest_parts(plan, _eval_records(eval_examples))
     address = _address(parts)
     with paused_gc():
         manifest = {key: json.loads(text) for key, text in parts.items()}
@@ -180,11 +183,28 @@ def build_manifest(plan: ManagedTrainingPlan, eval_examples: Any = None) -> dict
     return manifest
 
 
+@dataclass(frozen=True)
+class EncodedManifest:
+    """A manifest's file bytes with what callers need from it, so nobody parses the bytes back to find out."""
+
+    data: bytes
+    content_address: str
+    eval_record_count: int
+
+
+def encode_manifest(plan: ManagedTrainingPlan, eval_examples: Any = None) -> EncodedManifest:
+    """The file bytes of ``build_manifest(plan, eval_examples)`` (built from the canonical record strings), with
+    their content address and the number of validation records."""
+    eval_records = _eval_records(eval_examples)
+    parts = _manifest_parts(plan, eval_records)
+    address = _address(parts)
+    parts["content_address"] = canonical_json(address)
+    return EncodedManifest((_join(parts) + "\n").encode("utf-8"), address, len(eval_records))
+
+
 def manifest_bytes(plan: ManagedTrainingPlan, eval_examples: Any = None) -> bytes:
     """The file bytes of ``build_manifest(plan, eval_examples)``, built from the canonical record strings."""
-    parts = _manifest_parts(plan, eval_examples)
-    parts["content_address"] = canonical_json(_address(parts))
-    return (_join(parts) + "\n").encode("utf-8")
+    return encode_manifest(plan, eval_examples).data
 
 
 def content_address(manifest: Mapping[str, Any]) -> str:
@@ -206,8 +226,8 @@ def dumps_manifest(manifest: Mapping[str, Any]) -> bytes:
 def write_manifest(manifest: Mapping[str, Any] | bytes, uri: str | os.PathLike[str]) -> str:
     """Atomically write a manifest (dict, or bytes from ``manifest_bytes``) to a path or fsspec URL.
 
-    A dict whose content address does not match is refused. Local files are created owner-only (0o600) under a
-    temporary name, fsynced, then renamed; other filesystems get a temporary object that is then moved.
+    A dict whose content address does not match is refused. The write is ``storage.write_atomic``: local files are
+    created owner-only (0o600) under a temporary name, fsynced, then renamed; elsewhere one object write.
     """
     if isinstance(manifest, (bytes, bytearray)):
         data = bytes(manifest)
@@ -223,31 +243,9 @@ def write_manifest(manifest: Mapping[str, Any] | bytes, uri: str | os.PathLike[s
         parts["content_address"] = canonical_json(manifest["content_address"])
         data = (_join(parts) + "\n").encode("utf-8")
     target = os.fspath(uri)
-    fs, path = fsspec.core.url_to_fs(target)
-    if isinstance(fs, LocalFileSystem):
-        write_file_atomic(path, data)
-    else:
-        _write_remote(fs, path, data)
+    fs, path = resolve(target)
+    write_atomic(fs, path, data)
     return target
-
-
-def _write_remote(fs: Any, path: str, data: bytes) -> None:
-    parent = path.rsplit("/", 1)[0] if "/" in path else ""
-    if parent:
-        try:
-            fs.makedirs(parent, exist_ok=True)
-        except OSError:
-            pass  # object stores have no directories
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    fs.pipe_file(tmp, data)
-    try:
-        fs.mv(tmp, path)
-    except BaseException:
-        try:
-            fs.rm(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def read_manifest(uri: str | os.PathLike[str]) -> dict[str, Any]:

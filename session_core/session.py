@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from . import engine as engine_mod
+from . import layout
 from .checkpoint import CheckpointFiles, read_checkpoint, write_checkpoint
 from .config import TrainingConfig
 from .errors import CheckpointError, ConfigError, SessionCoreError, SessionStateError, StateMismatchError
@@ -254,17 +255,17 @@ class TrainingSession:
             "pending_gradients": sorted(grads),
         }
         files = {
-            "weights.safetensors": tensors_to_bytes(weights),
-            "gradients.safetensors": tensors_to_bytes(grads),
-            "rng.safetensors": tensors_to_bytes(rng_tensors),
-            "optimizer.pt": object_to_bytes(engine.optimizer.state_dict()),
-            "scheduler.pt": object_to_bytes(engine.scheduler.state_dict()),
-            "scaler.pt": object_to_bytes(engine.scaler.state_dict()),
-            "session.json": json.dumps(state, sort_keys=True).encode(),
+            layout.WEIGHTS_FILE: tensors_to_bytes(weights),
+            layout.GRADIENTS_FILE: tensors_to_bytes(grads),
+            layout.RNG_FILE: tensors_to_bytes(rng_tensors),
+            layout.OPTIMIZER_FILE: object_to_bytes(engine.optimizer.state_dict()),
+            layout.SCHEDULER_FILE: object_to_bytes(engine.scheduler.state_dict()),
+            layout.SCALER_FILE: object_to_bytes(engine.scaler.state_dict()),
+            layout.SESSION_STATE_FILE: json.dumps(state, sort_keys=True).encode(),
         }
         hook = getattr(engine, "session_state_dict", None)
         if callable(hook):
-            files["trainer_extra.pt"] = object_to_bytes(hook())
+            files[layout.TRAINER_EXTRA_FILE] = object_to_bytes(hook())
         meta = {
             "kind": SESSION_KIND,
             "config": self.config.to_dict(),
@@ -280,15 +281,15 @@ class TrainingSession:
         """Check compatibility, then restore weights, optimizer, schedule, gradients, counters and RNGs (last)."""
         self._check_compatible(checkpoint)
         engine = self._engine
-        state = json.loads(checkpoint.require("session.json"))
-        weights = bytes_to_tensors(checkpoint.require("weights.safetensors"), "weights.safetensors")
-        grads = bytes_to_tensors(checkpoint.require("gradients.safetensors"), "gradients.safetensors")
-        rng = bytes_to_tensors(checkpoint.require("rng.safetensors"), "rng.safetensors")
-        optimizer_state = bytes_to_object(checkpoint.require("optimizer.pt"), "optimizer.pt")
-        scheduler_state = bytes_to_object(checkpoint.require("scheduler.pt"), "scheduler.pt")
-        scaler_state = bytes_to_object(checkpoint.require("scaler.pt"), "scaler.pt")
-        extra = checkpoint.files.get("trainer_extra.pt")
-        extra_state = bytes_to_object(extra, "trainer_extra.pt") if extra is not None else None
+        state = json.loads(checkpoint.require(layout.SESSION_STATE_FILE))
+        weights = bytes_to_tensors(checkpoint.require(layout.WEIGHTS_FILE), layout.WEIGHTS_FILE)
+        grads = bytes_to_tensors(checkpoint.require(layout.GRADIENTS_FILE), layout.GRADIENTS_FILE)
+        rng = bytes_to_tensors(checkpoint.require(layout.RNG_FILE), layout.RNG_FILE)
+        optimizer_state = bytes_to_object(checkpoint.require(layout.OPTIMIZER_FILE), layout.OPTIMIZER_FILE)
+        scheduler_state = bytes_to_object(checkpoint.require(layout.SCHEDULER_FILE), layout.SCHEDULER_FILE)
+        scaler_state = bytes_to_object(checkpoint.require(layout.SCALER_FILE), layout.SCALER_FILE)
+        extra = checkpoint.files.get(layout.TRAINER_EXTRA_FILE)
+        extra_state = bytes_to_object(extra, layout.TRAINER_EXTRA_FILE) if extra is not None else None
         hook = getattr(engine, "load_session_state_dict", None)
         if (extra_state is None) != (not callable(hook)):
             raise StateMismatchError(

@@ -14,12 +14,8 @@ built from detached copies; live weights, optimizer state and RNG streams are ne
 from __future__ import annotations
 
 import json
-import logging
 import os
-import secrets
-import shutil
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,18 +24,27 @@ import fsspec
 import safetensors.torch
 import torch
 
-from .atomic import upload_progress
-from .checkpoint import INDEX_FILE, read_checkpoint
+from .checkpoint import read_checkpoint
 from .engine import unwrap, validate_adapter_config
 from .errors import AdapterMismatchError, WeightsError
+from .layout import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_DIR,
+    ADAPTER_WEIGHTS_FILE,
+    CHECKPOINT_INDEX_FILE,
+    EXPORT_MARKER_FILE,
+    MERGED_DIR,
+    MODEL_CONFIG_FILE,
+    MODEL_WEIGHTS_FILE,
+    MODEL_WEIGHTS_INDEX_FILE,
+    WEIGHTS_FILE,
+)
 from .state import base_weights, bytes_to_tensors, canonical_name, tensors_digest
+from .storage import TEMP_PREFIX, clean_stale_temp, directory_commit, interrupted_commit, is_local, resolve
 
 if TYPE_CHECKING:
     from .session import TrainingSession
 
-EXPORT_FILE = "export.json"
-
-logger = logging.getLogger(__name__)
 _WIDENING = {
     (torch.float16, torch.float32),
     (torch.bfloat16, torch.float32),
@@ -59,11 +64,11 @@ def load_weights(session: TrainingSession, uri: str) -> dict[str, Any]:
     if not fs.isdir(path):
         raise WeightsError(f"load_weights: {uri} is not a directory; pass a model, adapter or checkpoint directory")
     names = {p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
-    if INDEX_FILE in names:
+    if CHECKPOINT_INDEX_FILE in names:
         return _load_from_checkpoint(session, uri)
-    if "adapter_config.json" in names:
+    if ADAPTER_CONFIG_FILE in names:
         return _load_adapter(session, fs, path, uri)
-    if "config.json" in names and ({"model.safetensors", "model.safetensors.index.json"} & names):
+    if MODEL_CONFIG_FILE in names and ({MODEL_WEIGHTS_FILE, MODEL_WEIGHTS_INDEX_FILE} & names):
         return _load_native(session, fs, path, uri)
     raise WeightsError(
         f"load_weights: {uri} holds none of checkpoint.json (session checkpoint), adapter_config.json (PEFT "
@@ -73,7 +78,7 @@ def load_weights(session: TrainingSession, uri: str) -> dict[str, Any]:
 
 
 def _load_native(session: TrainingSession, fs: Any, path: str, uri: str) -> dict[str, Any]:
-    config = json.loads(fs.cat_file(f"{path}/config.json"))
+    config = json.loads(fs.cat_file(f"{path}/{MODEL_CONFIG_FILE}"))
     architecture = config.get("architecture", "span")
     if architecture != session.architecture:
         raise WeightsError(f"{uri} is a {architecture!r} model; this session trains a {session.architecture!r} model")
@@ -83,9 +88,9 @@ def _load_native(session: TrainingSession, fs: Any, path: str, uri: str) -> dict
 
 
 def _read_native_tensors(fs: Any, path: str, uri: str) -> dict[str, torch.Tensor]:
-    index_path = f"{path}/model.safetensors.index.json"
+    index_path = f"{path}/{MODEL_WEIGHTS_INDEX_FILE}"
     if not fs.exists(index_path):
-        return _safetensors(fs, f"{path}/model.safetensors", uri)
+        return _safetensors(fs, f"{path}/{MODEL_WEIGHTS_FILE}", uri)
     index = json.loads(fs.cat_file(index_path))
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
@@ -119,9 +124,9 @@ def _load_adapter(session: TrainingSession, fs: Any, path: str, uri: str) -> dic
 
     if not session.is_lora:
         raise WeightsError(f"{uri} is a PEFT adapter but this session trains full weights; set use_lora=True")
-    adapter_config = json.loads(fs.cat_file(f"{path}/adapter_config.json"))
+    adapter_config = json.loads(fs.cat_file(f"{path}/{ADAPTER_CONFIG_FILE}"))
     validate_adapter_config(session.model, session.engine.config, adapter_config, source=uri)
-    tensors = _safetensors(fs, f"{path}/adapter_model.safetensors", uri)
+    tensors = _safetensors(fs, f"{path}/{ADAPTER_WEIGHTS_FILE}", uri)
     live = get_peft_model_state_dict(session.model, adapter_name="default")
     _check_and_copy(live, tensors, uri)
     return {
@@ -138,7 +143,7 @@ def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
     checkpoint = read_checkpoint(uri)
     meta = checkpoint.meta
     saved_lora = bool(meta.get("config", {}).get("use_lora"))
-    tensors = bytes_to_tensors(checkpoint.require("weights.safetensors"), "weights.safetensors")
+    tensors = bytes_to_tensors(checkpoint.require(WEIGHTS_FILE), WEIGHTS_FILE)
     architecture = meta.get("compat", {}).get("model", {}).get("architecture")
     if architecture != session.architecture:
         raise WeightsError(
@@ -221,7 +226,12 @@ def export_weights(
         "base_model_hash": session.provenance["base_model_hash"],
         "merged": merged,
     }
-    with _staging(uri) as staging:
+    try:
+        commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export")
+    except FileExistsError:
+        raise WeightsError(f"export destination {uri} already exists and is not empty; choose a new location") from None
+    with commit:
+        staging = commit.local_dir()
         if not session.is_lora and state is None:
             unwrap(session.model).save_pretrained(str(staging))
         else:
@@ -230,8 +240,8 @@ def export_weights(
                 _export_copy(copy, staging, merged=merged, lora=session.is_lora)
             finally:
                 del copy
-        info["weights_sha256"] = tensors_digest(safetensors.torch.load_file(str(staging / "model.safetensors")).items())
-        (staging / EXPORT_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
+        info["weights_sha256"] = tensors_digest(safetensors.torch.load_file(str(staging / MODEL_WEIGHTS_FILE)).items())
+        commit.commit(json.dumps(info, indent=1, sort_keys=True).encode())
     info["uri"] = uri
     return info
 
@@ -240,123 +250,28 @@ def _export_copy(copy: Any, staging: Path, *, merged: bool, lora: bool) -> None:
     if not lora:
         unwrap(copy).save_pretrained(str(staging))
         return
-    copy.save_pretrained(str(staging / "adapter"))
+    copy.save_pretrained(str(staging / ADAPTER_DIR))
     if merged:
         import copy as copy_mod
 
         merged_model = copy_mod.deepcopy(copy).merge_and_unload()
-        merged_model.save_pretrained(str(staging / "merged"))
+        merged_model.save_pretrained(str(staging / MERGED_DIR))
         del merged_model
     copy.unload().save_pretrained(str(staging))
-
-
-PENDING_FILE = ".export-pending.json"
-TEMP_PREFIX = "prefect-gliner2-"
-
-
-class _staging:
-    """A local directory that becomes `uri` on success: a rename on local storage; elsewhere an upload that writes
-    `.export-pending.json` first and `export.json` (the completion marker) last.
-
-    A destination that holds our pending marker but no export.json is the debris of an interrupted export and is
-    replaced; any other non-empty destination is refused. The local staging copy of a remote export lives in the
-    temp directory as `prefect-gliner2-export-<pid>-*`: removed on every path, and after a kill by the next
-    export or model load on the machine (clean_stale_temp)."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self.fs, self.path = fsspec.core.url_to_fs(uri)
-        self.path = self.path.rstrip("/")
-        self.local = _is_local_fs(self.fs)
-
-    def __enter__(self) -> Path:
-        if self.fs.exists(self.path) and (not self.fs.isdir(self.path) or self.fs.ls(self.path)):
-            if self.local or not self._interrupted():
-                raise WeightsError(
-                    f"export destination {self.uri} already exists and is not empty; choose a new location"
-                )
-            logger.warning("replacing the incomplete export at %s (an interrupted upload)", self.uri)
-            self.fs.rm(self.path, recursive=True)
-        if self.local:
-            parent = os.path.dirname(os.path.abspath(self.path)) or "."
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            self.dir = Path(parent) / f".{os.path.basename(self.path)}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-            self.dir.mkdir(mode=0o700)
-        else:
-            clean_stale_temp()
-            self.dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}export-{os.getpid()}-"))
-        return self.dir
-
-    def _interrupted(self) -> bool:
-        return bool(self.fs.exists(f"{self.path}/{PENDING_FILE}")) and not self.fs.exists(f"{self.path}/{EXPORT_FILE}")
-
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        try:
-            if exc_type is not None:
-                return
-            if self.local:
-                if os.path.isdir(self.path):
-                    os.rmdir(self.path)
-                os.rename(self.dir, self.path)
-            else:
-                self._upload()
-        finally:
-            if self.dir.exists():
-                shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _upload(self) -> None:
-        marker = self.dir / EXPORT_FILE
-        payload = marker.read_bytes()
-        marker.unlink()
-        pending = {"uri": self.uri, "pid": os.getpid(), "started": time.time()}
-        self.fs.pipe_file(f"{self.path}/{PENDING_FILE}", json.dumps(pending).encode())
-        for local in sorted(p for p in self.dir.rglob("*") if p.is_file()):
-            self.fs.put_file(str(local), f"{self.path}/{local.relative_to(self.dir).as_posix()}")
-            upload_progress("export")
-        self.fs.pipe_file(f"{self.path}/{EXPORT_FILE}", payload)  # the export is published by this marker
-        self.fs.rm(f"{self.path}/{PENDING_FILE}")
-
-
-def _is_local_fs(fs: Any) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-
-
-def clean_stale_temp() -> list[str]:
-    """Remove temp copies (`prefect-gliner2-*-<pid>-*`) whose process is gone: debris of a killed export or load."""
-    removed = []
-    root = Path(tempfile.gettempdir())
-    for entry in root.glob(f"{TEMP_PREFIX}*-*-*"):
-        parts = entry.name[len(TEMP_PREFIX) :].split("-")
-        if len(parts) < 3 or not parts[1].isdigit() or _pid_alive(int(parts[1])):
-            continue
-        shutil.rmtree(entry, ignore_errors=True)
-        removed.append(str(entry))
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> Any:
     """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one.
 
     A remote export is downloaded into a temporary directory that is removed before this returns (on every path;
-    after a kill, by the next load or export on the machine): the model is held in memory, nothing stays on disk.
-    An export without its completion marker (an interrupted upload) is refused."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    path = path.rstrip("/")
-    if fs.exists(f"{path}/{PENDING_FILE}") and not fs.exists(f"{path}/{EXPORT_FILE}"):
+    after a kill, by the next load or remote commit on the machine): the model is held in memory, nothing stays on
+    disk. An export whose upload was interrupted (no export.json) is refused."""
+    fs, path = resolve(uri)
+    if not is_local(fs) and interrupted_commit(fs, path, EXPORT_MARKER_FILE):
         raise WeightsError(
             f"{uri} is an incomplete export (its upload was interrupted); resume the training run that writes it"
         )
-    if _is_local_fs(fs):
+    if is_local(fs):
         return _load_export_dir(Path(path), trainable, kwargs)
     clean_stale_temp()
     with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}model-{os.getpid()}-") as scratch:
@@ -369,7 +284,7 @@ def _load_export_dir(local: Path, trainable: bool, kwargs: dict[str, Any]) -> An
     from gliner2 import AutoExtractor
 
     model = AutoExtractor.from_pretrained(str(local), **kwargs)
-    adapter = local / "adapter"
+    adapter = local / ADAPTER_DIR
     if adapter.is_dir():
         from peft import PeftModel
 

@@ -18,7 +18,8 @@ from prefect.events import emit_event
 
 from prefect_gliner2.runtime import faults, live_runs
 from prefect_gliner2.runtime.resources import prune_checkpoints
-from prefect_gliner2.runtime.rundir import DurableCursor, checkpoint_name
+from prefect_gliner2.runtime.rundir import DurableCursor
+from prefect_gliner2.session_core.layout import checkpoint_name
 from prefect_gliner2.tasks.training import RETRYING, call_worker
 
 __all__ = ["CHECKPOINT_EVENT", "checkpoint", "run_resource"]

@@ -30,6 +30,8 @@ from _flow_helpers import (
 )
 from _prefect_fixtures import prefect_server  # noqa: F401  (fixture)
 
+from prefect_gliner2.session_core import layout
+
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
@@ -77,13 +79,14 @@ def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], 
         params, "checkpoint-write:7", space["root"] / "m2", prefect_server
     )  # files written, not committed
     assert pid_gone(worker)
-    debris = [p.name for p in (run / "checkpoints").iterdir() if ".partial-" in p.name]
+    debris = [p.name for p in (run / layout.CHECKPOINTS_DIR).iterdir() if layout.is_debris(p.name)]
     assert debris and not (run / "checkpoints" / "step-000004-batch-000007").exists()
     assert _cursor(run)["cursor"] == 6
 
     _crash_at(params, "cursor:7", space["root"] / "m3", prefect_server)  # committed, cursor.json not yet moved
     assert (run / "checkpoints" / "step-000004-batch-000007" / "checkpoint.json").exists()
-    assert _cursor(run)["cursor"] == 6 and not any(".partial-" in p.name for p in (run / "checkpoints").iterdir())
+    assert _cursor(run)["cursor"] == 6
+    assert not any(layout.is_debris(p.name) for p in (run / layout.CHECKPOINTS_DIR).iterdir())
 
     worker, _ = _crash_at(params, "validate:11", space["root"] / "m4", prefect_server)  # mid-validation
     assert pid_gone(worker)
@@ -92,10 +95,10 @@ def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], 
     worker, _ = _crash_at(params, "export-write:11", space["root"] / "m5", prefect_server)  # export half-done
     assert pid_gone(worker)
     assert _cursor(run)["finished"] and not (run / "export").exists()
-    assert any(p.name.startswith(".export.partial-") for p in run.iterdir())
+    assert any(layout.is_debris(p.name, of=layout.EXPORT_DIR) for p in run.iterdir())
 
     summary = run_flow(**params)  # a new flow run with the same run key finishes the job
-    assert summary["resumed_from_batch"] == 12 and not any(".partial-" in p.name for p in run.iterdir())
+    assert summary["resumed_from_batch"] == 12 and not any(layout.is_debris(p.name) for p in run.iterdir())
     reference = reference_export(space["boundary"], space["inputs"], config(), space["root"] / "ref-boundary")
     assert_same_export(summary["export"], reference)
 

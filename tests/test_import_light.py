@@ -1,4 +1,4 @@
-"""Planning must not import torch, numpy, transformers, gliner2 or prefect (checked in a fresh interpreter)."""
+"""Planning, storage and checkpoint files import no torch, numpy, transformers, gliner2 or prefect."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.records import load_records
+from prefect_gliner2.session_core import layout, storage
+from prefect_gliner2.session_core.checkpoint import read_checkpoint, write_checkpoint
 
 records = [
     {{"input": "John met Mary in Paris %d." % i, "output": {{"entities": {{"person": ["John", "Mary"]}}}}}}
@@ -32,6 +34,10 @@ with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "m.json")
     write_manifest(manifest, path)
     loaded, evals = ManagedTrainingPlan.from_manifest(read_manifest(path))
+    checkpoint = os.path.join(tmp, layout.CHECKPOINTS_DIR, layout.checkpoint_name(1, 2))
+    write_checkpoint(checkpoint, {{"a.bin": b"a"}}, {{}})
+    assert read_checkpoint(checkpoint).files == {{"a.bin": b"a"}}
+    assert storage.remove_debris(*storage.resolve(os.path.join(tmp, layout.CHECKPOINTS_DIR))) == []
 assert loaded.fingerprint == plan.fingerprint and len(evals) == 2
 assert session_core.ManagedTrainingPlan is ManagedTrainingPlan and session_core.TrainingConfig is TrainingConfig
 import prefect_gliner2

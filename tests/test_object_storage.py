@@ -174,8 +174,8 @@ def test_kills_during_uploads_and_pruning_on_s3_then_an_immediate_flow_run_retry
     # 3. killed mid-upload of the export: a partial export with its pending marker, a local staging copy in TMPDIR
     worker = _crash_at(params, "export-write:11", tmp_path / "m3", prefect_server, env)
     assert pid_gone(worker)
-    assert ".export-pending.json" in listing("export") and "export.json" not in listing("export")
-    assert any(p.name.startswith("prefect-gliner2-export-") for p in temp.iterdir())
+    assert ".pending.json" in listing("export") and "export.json" not in listing("export")
+    assert any(p.name.startswith("prefect-gliner2-upload-") for p in temp.iterdir())
     claims = listing(".lease.d")
     assert len(claims) == 1  # the killed run's claim, still fresh: the retry must not wait out its TTL
     flow_run_id = json.loads(fs.cat_file(f"{run_dir.path}/.lease.d/{claims[0]}"))["flow_run_id"]
@@ -199,7 +199,7 @@ def test_kills_during_uploads_and_pruning_on_s3_then_an_immediate_flow_run_retry
     assert time.monotonic() - started < 60 + 120  # no TTL wait on top of the run itself
     reference = reference_export(space["span"], space["inputs"], config(), space["root"] / "ref-span")
     assert_same_export(_download(f"{run_dir.uri}/export", tmp_path / "export"), reference)
-    assert ".export-pending.json" not in listing("export") and "export.json" in listing("export")
+    assert ".pending.json" not in listing("export") and "export.json" in listing("export")
     assert run_dir.uncommitted_checkpoints() == []
     assert listing(".lease.d") == []
     assert [p.name for p in temp.iterdir() if p.name.startswith("prefect-gliner2-")] == []

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory
+from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import write_checkpoint
 from prefect_gliner2.session_core.errors import CheckpointError
 
@@ -33,7 +34,7 @@ def test_a_damaged_newest_checkpoint_rewinds_to_the_previous_intact_one(tmp_path
     cursor = run_dir.read_cursor()
     assert (cursor.checkpoint, cursor.cursor, cursor.step, cursor.epoch) == ("step-000002-batch-000003", 4, 2, 0)
     names = sorted(p.name for p in (Path(run_dir.path) / "checkpoints").iterdir())
-    assert any(n.startswith(".damaged-step-000004-batch-000007-") for n in names)
+    assert any(n.startswith(f"{layout.DAMAGED_PREFIX}step-000004-batch-000007-") for n in names)
     assert run_dir.remove_debris() == []  # the quarantined checkpoint stays for inspection
     assert json.loads((Path(run_dir.path) / "cursor.json").read_text())["checkpoint"] == "step-000002-batch-000003"
 
