@@ -111,6 +111,7 @@ from prefect_gliner2.runtime.errors import RunLockedError
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.rundir import RunDirectory
 storage, start, trials, name = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+held = []
 for trial in range(trials):
     time.sleep(max(0.0, start + trial * 0.8 - time.time()))
     lease = RunLease(RunDirectory(storage, f"race-{trial}"), flow_run_id=f"{name}-{trial}", wait=0)
@@ -120,7 +121,10 @@ for trial in range(trials):
         print(json.dumps([trial, "refused"]), flush=True)
         continue
     print(json.dumps([trial, "held"]), flush=True)
-    time.sleep(max(0.0, start + trial * 0.8 + 0.6 - time.time()))
+    held.append(lease)
+# every lease won is held until both racers are done: a late racer meets a live holder, never a released key
+time.sleep(max(0.0, start + trials * 0.8 + 15 - time.time()))
+for lease in held:
     lease.release()
 """
 
