@@ -203,3 +203,23 @@ def test_kills_during_uploads_and_pruning_on_s3_then_an_immediate_flow_run_retry
     assert run_dir.uncommitted_checkpoints() == []
     assert listing(".lease.d") == []
     assert [p.name for p in temp.iterdir() if p.name.startswith("prefect-gliner2-")] == []
+
+
+def test_the_prefect_api_decides_whether_a_lease_holder_is_gone() -> None:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    from prefect_gliner2.flows.train import holder_flow_run_gone
+
+    @flow(name="lease-holder")
+    def holder() -> None:
+        return None
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(holder)
+        client.set_flow_run_state(run.id, Running(), force=True)
+        assert holder_flow_run_gone({"flow_run_id": str(run.id)}) is None  # running: not provably gone
+        client.set_flow_run_state(run.id, Crashed(message="host lost"), force=True)
+    assert "is Crashed per the Prefect API" in str(holder_flow_run_gone({"flow_run_id": str(run.id)}))
+    assert holder_flow_run_gone({"flow_run_id": None}) is None
