@@ -146,10 +146,10 @@ def _launch(point: dict[str, Any], base: Mapping[str, Any], sweep_key: str, depl
 
 def _retry(flow_run_id: UUID) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.states import Scheduled
+    from prefect.states import AwaitingRetry
 
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(flow_run_id, Scheduled(name="AwaitingRetry"), force=True)
+        client.set_flow_run_state(flow_run_id, AwaitingRetry(), force=True)
 
 
 def _refresh(run: Any) -> Any:

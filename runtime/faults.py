@@ -2,7 +2,8 @@
 
 Points: ``batch`` (before the worker trains batch i), ``validate`` (before the validation after batch i),
 ``checkpoint`` (before the worker writes the checkpoint at batch i), ``checkpoint-write`` (its files complete,
-not yet committed), ``export-write`` (export files complete, not yet renamed into place; i is the last batch),
+not yet committed), ``export-write`` (export files complete, not yet renamed into place; i is the last batch;
+on object storage both fire after each uploaded object, before the marker),
 ``cursor`` (in the flow process: checkpoint committed, cursor.json not yet moved), ``prune`` (in the flow process:
 a pruned checkpoint's index deleted, its files not yet; i is its last batch), ``unit`` (in the flow
 process, after the unit ending at batch i finished).
