@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-cuda lint format bench
+.PHONY: setup demo test test-fleet postgres test-cuda lint format bench
 
 setup: $(STAMP)
 
@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,lint]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,lint,s3]'
 	touch $(STAMP)
 
 demo: setup
@@ -19,6 +19,15 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# PostgreSQL for the fleet tests (a Prefect server on Postgres): Debian's packages when no initdb is found.
+postgres:
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql)
+
+# Slow: a Postgres-backed Prefect server, two process workers, sweeps and lost-host recovery (pytest marker `fleet`).
+test-fleet: setup postgres
+	$(PY) -m pytest -q -m fleet
 
 test-cuda: setup
 	CUBLAS_WORKSPACE_CONFIG=:4096:8 $(PY) -m pytest -q tests/test_training_session_cuda.py

@@ -390,6 +390,11 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
     ]
     if summary.get("flow_run_name"):
         lines.append(f"- **flow run**: {summary['flow_run_name']} (`{summary.get('flow_run_id')}`)")
+    if summary.get("disk_bytes") is not None:
+        lines.append(
+            f"- **disk used**: {summary['disk_bytes'] / 2**20:.1f} MiB, of which checkpoints "
+            f"{summary.get('checkpoint_bytes', 0) / 2**20:.1f} MiB ({summary.get('checkpoints_kept')} kept)"
+        )
     if validations:
         lines += ["", "| step | epoch | eval_loss |", "|---:|---:|---:|"]
         lines += [f"| {v['step']} | {v['epoch']} | {v['eval_loss']} |" for v in validation_rows(validations)]

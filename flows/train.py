@@ -47,10 +47,11 @@ from prefect_gliner2.runtime.errors import (
     permanent_storage_errno,
     storage_full_error,
 )
-from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
 from prefect_gliner2.runtime.protocol import Export, ExportResult, Status
+from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
 from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
@@ -71,6 +72,7 @@ __all__ = [
 
 STORAGE_ENV = "PREFECT_GLINER2_STORAGE"
 DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
+DEFAULT_KEEP_CHECKPOINTS = 3
 
 
 # ---- parameters --------------------------------------------------------------------------------------------
@@ -81,13 +83,6 @@ TrainingConfigModel = TrainingSettings  # the earlier name of the config paramet
 def default_storage() -> str:
     """$PREFECT_GLINER2_STORAGE, else ~/.prefect-gliner2/runs."""
     return os.environ.get(STORAGE_ENV) or os.path.join(os.path.expanduser("~"), ".prefect-gliner2", "runs")
-
-
-def default_cpu_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # ---- preparing a run (torch-free, before the lease) --------------------------------------------------------
@@ -219,6 +214,9 @@ def train_flow(
     device: Annotated[str, Field(pattern=DEVICE_PATTERN)] | None = None,
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
     init_weights: str | None = None,
+    keep_checkpoints: Annotated[int, Field(ge=1)] | None = DEFAULT_KEEP_CHECKPOINTS,
+    lease_ttl: Annotated[float, Field(ge=1)] = DEFAULT_LEASE_TTL,
+    lease_wait: Annotated[float, Field(ge=0)] = DEFAULT_LEASE_WAIT,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -235,11 +233,19 @@ def train_flow(
             STORAGE/RUN_KEY/export).
         batches_per_task: Batches per Prefect task (raise it when steps take only a few milliseconds).
         pipeline_depth: Operations sent to the worker ahead of their task (0: none).
-        device: cpu, cuda or cuda:N (default: CUDA when available).
-        cpu_threads: Torch threads in the worker (recorded on first use; default: all CPUs available).
+        device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
+        cpu_threads: Torch threads in the worker (recorded on first use; default: this worker slot's share of the
+            CPUs, see runtime/resources.py: $PREFECT_GLINER2_CPU_THREADS, else $OMP_NUM_THREADS, else usable CPUs
+            divided by $PREFECT_GLINER2_WORKER_SLOTS).
         init_weights: Start a new run from these weights (fresh optimizer and schedule): a native model directory,
-            a PEFT adapter directory, an export directory (its adapter folder is used for LoRA) or a session
-            checkpoint. Recorded with the run: a resume must pass the same value.
+            a PEFT adapter directory, an export directory (its adapter/ is used for LoRA) or a session checkpoint.
+            Recorded with the run: a resume must pass the same value.
+        keep_checkpoints: Keep the newest N checkpoints (plus the one taken at the best validation step and the one
+            the cursor names); older ones are deleted once a newer checkpoint is committed. None keeps all.
+        lease_ttl: Seconds a remote-storage lease lives without a heartbeat (the holder renews it every ttl/3).
+        lease_wait: Seconds to wait for a run key held by another live run before failing. A lease of this same
+            flow run, of a process gone from this host, or of a flow run that Prefect reports final or CRASHED is
+            taken over at once.
     """
     logger = get_run_logger()
     prepared = _prepare(
@@ -251,9 +257,11 @@ def train_flow(
     run_dir = prepared.run_dir
     flow_run_id = _flow_run_id()
     run_dir.create()
-    lease = RunLease(run_dir, flow_run_id=flow_run_id)
+    lease = RunLease(run_dir, flow_run_id=flow_run_id, ttl=lease_ttl, wait=lease_wait, holder_gone=holder_flow_run_gone)
     previous = (lease.last_holder() or {}).get("flow_run_id")
     lease.acquire()
+    for reason in lease.took_over:
+        logger.warning("took over the lease of run key %s from %s", run_dir.run_key, reason)
     succeeded = False
     try:
         export_uri = absolute_uri(export_to) if export_to else run_dir.default_export_uri
@@ -267,6 +275,7 @@ def train_flow(
             prewarm=done is None,
             export_uri=export_uri,
             init_weights=init_weights,
+            keep_checkpoints=keep_checkpoints,
         )
         logger.info(
             "run %s at %s: %d batches, %d updates, plan %s",
@@ -281,7 +290,7 @@ def train_flow(
         if done is not None:
             logger.info("run %s is complete; its model is at %s", run_dir.run_key, export_uri)
             succeeded = True
-            summary = {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id}
+            summary = {**done, "units_run": 0, "worker_starts": 0, "flow_run_id": flow_run_id, **disk_used(run_dir)}
             return _completed_state(f"{run_dir.run_key}: already complete; model at {export_uri}", summary)
         summary, where = _train(
             live,
@@ -318,6 +327,7 @@ def _open(
     prewarm: bool,
     export_uri: str,
     init_weights: str | None = None,
+    keep_checkpoints: int | None = None,
 ) -> LiveRun:
     """Inside the lease: clean debris, write/check the manifest and settings, start (or reuse) the worker."""
     run_dir = prepared.run_dir
@@ -376,6 +386,7 @@ def _open(
         lease,
         flow_run_id,
         prepared.plan,
+        keep_checkpoints,
     )
     live_runs.register(live)
     return live
@@ -462,8 +473,9 @@ def _train(
         summary = _summary(live, info, final, start, outcome)
         reporter.validations = list(info.summary.eval_metrics_history or reporter.validations)
         if final is not None and final.finished:
-            durable = {k: v for k, v in summary.items() if k not in ("units_run", "worker_starts", "flow_run_id")}
+            durable = {k: v for k, v in summary.items() if k not in _PER_ATTEMPT}
             run_dir.commit_cursor(dataclasses.replace(final, export=export_uri, summary=durable))
+        summary.update(disk_used(run_dir))
         reporter.finish(summary, cursor=final)
         emit_run_event(
             RUN_COMPLETED,
@@ -523,6 +535,9 @@ def _emit_failed(run_dir: RunDirectory, flow_run_id: str | None, exc: BaseExcept
         get_run_logger().warning("could not emit %s for run %s", RUN_FAILED, run_dir.run_key)
 
 
+_PER_ATTEMPT = ("units_run", "worker_starts", "flow_run_id", "disk_bytes", "checkpoint_bytes", "checkpoints_kept")
+
+
 def _summary(live: LiveRun, info: ExportResult, cursor: Any, start: int, outcome: DriveResult) -> dict[str, Any]:
     native = info.summary
     best = native.best_metric
@@ -547,6 +562,32 @@ def _summary(live: LiveRun, info: ExportResult, cursor: Any, start: int, outcome
         "content_address": live.content_address,
         "flow_run_id": live.flow_run_id,
     }
+
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
+def holder_flow_run_gone(claim: dict[str, Any]) -> str | None:
+    """Why a lease holder's flow run provably no longer runs (final or CRASHED per the Prefect API), else None."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    flow_run_id = claim.get("flow_run_id")
+    if not flow_run_id:
+        return None
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(str(flow_run_id))).state
+    except (ObjectNotFound, ValueError):
+        return None  # not provable from here: wait for the TTL
+    except Exception as exc:  # noqa: BLE001 - an unreachable API proves nothing: the TTL decides
+        get_run_logger().warning("cannot ask Prefect about lease holder %s (%s); waiting for its TTL", flow_run_id, exc)
+        return None
+    if state is not None and state.type.value in FINAL_STATES:
+        return f"its flow run {flow_run_id} is {state.name} per the Prefect API"
+    return None
 
 
 def _flow_run_id() -> str | None:

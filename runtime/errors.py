@@ -2,7 +2,8 @@
 
     RuntimeError
     ├── WorkerDied                 the session worker process vanished (kill, OOM, segfault): transient
-    └── WorkerError                an unexpected (non-session_core) exception inside the worker: transient
+    ├── WorkerError                an unexpected (non-session_core) exception inside the worker: transient
+    └── LeaseUnreadableError       the lease record could not be read: never taken as "free"; transient
     prefect_gliner2.session_core.SessionCoreError  deterministic, never retried; the Prefect layer adds:
     ├── StorageFullError (OSError)             a write failed with ENOSPC, EFBIG, EDQUOT or EROFS
     │                                          (here or in the worker)
@@ -24,6 +25,7 @@ from typing import Any
 from prefect_gliner2.session_core.errors import ConfigError, PlanMismatchError, SessionCoreError
 
 __all__ = [
+    "LeaseUnreadableError",
     "RunConflictError",
     "RunKeyError",
     "RunLockedError",
@@ -50,6 +52,10 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.remote_traceback, self.remote_type))
+
+
+class LeaseUnreadableError(RuntimeError):
+    """The run key's lease record could not be read or listed: the key is not treated as free."""
 
 
 class RunKeyError(ConfigError):

@@ -7,9 +7,11 @@ passes that plan on to its worker's spec).
 
 Points: ``batch`` (before the worker trains batch i), ``validate`` (before the validation after batch i),
 ``checkpoint`` (before the worker writes the checkpoint at batch i), ``checkpoint-write`` (its files complete,
-not yet committed), ``export-write`` (export files complete, not yet committed; i is the last batch), ``cursor``
-(in the flow process: checkpoint committed, cursor.json not yet moved), ``unit`` (in the flow process, after the
-unit ending at batch i finished).
+not yet committed), ``export-write`` (export files complete, not yet renamed into place; i is the last batch;
+on object storage both fire after each uploaded object, before the marker),
+``cursor`` (in the flow process: checkpoint committed, cursor.json not yet moved), ``prune`` (in the flow process:
+a pruned checkpoint's index deleted, its files not yet; i is its last batch), ``unit`` (in the flow
+process, after the unit ending at batch i finished).
 
     plan = FaultPlan(markers="/tmp/m", faults=(Fault.pause("batch", 9, 120), Fault.kill("batch", 4, once="/tmp/d")))
     plan.hit("batch", 9)   # writes /tmp/m/batch-9 (holding the pid), then sleeps 120 s

@@ -31,6 +31,7 @@ class LiveRun:
     lease: RunLease
     flow_run_id: str | None = None
     plan: Any = None
+    keep_checkpoints: int | None = None  # retention: None keeps every checkpoint
 
     def close(self) -> None:
         self.worker.close(wait=False)

@@ -124,6 +124,7 @@ class CheckpointResult:
     index_sha256: str | None = None
     name: str | None = None  # set by the checkpoint task
     cursor_moved: bool | None = None  # set by the checkpoint task: the durable cursor moved to this checkpoint
+    pruned: tuple[str, ...] = ()  # set by the checkpoint task: older checkpoints removed by retention
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.storage import is_local, remove_debris, resolve, write_atomic
 
-__all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "validate_run_key"]
+__all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_position", "validate_run_key"]
 
 CURSOR_VERSION = 1
 RUN_INFO_VERSION = 1
@@ -42,6 +42,14 @@ def validate_run_key(run_key: Any) -> str:
             "digit, without '..' or slashes (e.g. 'ner-2024-06-01')"
         )
     return run_key
+
+
+def checkpoint_position(name: str) -> tuple[int, int]:
+    """(optimizer step, last batch included) of a checkpoint directory name."""
+    position = layout.parse_checkpoint_name(name)
+    if position is None:
+        raise ValueError(f"{name!r} is not a checkpoint directory name (step-NNNNNN-batch-NNNNNN)")
+    return position
 
 
 @dataclass(frozen=True)
@@ -213,14 +221,22 @@ class RunDirectory:
 
     def committed_checkpoints(self) -> list[str]:
         """Names of checkpoints with a committed index, ordered by their step and batch numbers (never by mtime)."""
+        return self._checkpoint_dirs(committed=True)
+
+    def uncommitted_checkpoints(self) -> list[str]:
+        """Checkpoint-named directories without an index: a write or a prune that was interrupted."""
+        return self._checkpoint_dirs(committed=False)
+
+    def _checkpoint_dirs(self, *, committed: bool) -> list[str]:
         folder = self._checkpoints
         if not self.fs.exists(folder):
             return []
+        self.fs.invalidate_cache(folder)  # other processes write here (object-store listings are cached)
         found = []
         for entry in self.fs.ls(folder, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             position = layout.parse_checkpoint_name(name)
-            if position and self.fs.exists(f"{folder}/{name}/{layout.CHECKPOINT_INDEX_FILE}"):
+            if position and self.fs.exists(f"{folder}/{name}/{layout.CHECKPOINT_INDEX_FILE}") == committed:
                 found.append((*position, name))
         return [name for *_, name in sorted(found)]
 

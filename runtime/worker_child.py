@@ -29,7 +29,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect_gliner2.runtime.faults import FaultPlan
@@ -263,7 +264,8 @@ class SessionRunner:
             return dataclasses.replace(info, committed=True, existing=True)
         storage.remove_uncommitted(uri)  # debris of an interrupted write (we hold the lease)
         self.faults.hit("checkpoint", index)
-        digest = run.save_state(uri, before_commit=self._point("checkpoint-write", index))
+        with self._uploads("checkpoint-write", index):
+            digest = run.save_state(uri, before_commit=self._point("checkpoint-write", index))
         return dataclasses.replace(info, committed=True, existing=False, index_sha256=digest)
 
     def export(self, request: Export) -> ExportResult:
@@ -284,7 +286,8 @@ class SessionRunner:
             record = existing
         else:
             before_commit = self._point("export-write", self.plan.batch_count - 1)
-            record = run.export_weights(uri, which=request.which, before_commit=before_commit)
+            with self._uploads("export-write", self.plan.batch_count - 1):
+                record = run.export_weights(uri, which=request.which, before_commit=before_commit)
         return ExportResult.from_record(record, uri, label, self.summary(Summary()))
 
     def summary(self, request: Summary) -> SummaryResult:
@@ -293,6 +296,19 @@ class SessionRunner:
 
     def _point(self, point: str, index: int) -> Callable[[], None]:
         return lambda: self.faults.hit(point, index)
+
+    @contextmanager
+    def _uploads(self, point: str, index: int) -> Iterator[None]:
+        """With a fault plan that names `point`, reach it after each object uploaded to object storage too (a kill
+        mid-upload); without one (production), nothing is installed."""
+        if not (self.faults.faults or self.faults.markers):
+            yield
+            return
+        storage.set_upload_hook(lambda what: self.faults.hit(point, index))
+        try:
+            yield
+        finally:
+            storage.set_upload_hook(None)
 
     def close(self) -> None:
         self.run.close()

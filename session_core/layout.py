@@ -6,7 +6,8 @@ No I/O and no imports beyond the standard library: this module only names things
         manifest.json                        MANIFEST_FILE      the plan, content-addressed; written once
         run.json                             RUN_INFO_FILE      settings that must not change on resume
         cursor.json                          CURSOR_FILE        the durable cursor (names the newest checkpoint)
-        .lease                               LEASE_FILE         the run-key lease
+        .lease                               LEASE_FILE         the run-key lease (flock, local storage)
+        .lease.d/<owner>.json                LEASE_CLAIMS_DIR   lease claims (object storage)
         checkpoints/                         CHECKPOINTS_DIR
             step-000012-batch-000047/        checkpoint_name(step, index)
                 checkpoint.json              CHECKPOINT_INDEX_FILE   the hash index, written last (the commit)
@@ -17,6 +18,7 @@ No I/O and no imports beyond the standard library: this module only names things
             .damaged-step-000012-batch-000047-<time>/   damaged_name(...): quarantined, kept for inspection
         export/                              EXPORT_DIR         the exported model (unless elsewhere)
             export.json                      EXPORT_MARKER_FILE written last (the commit)
+            .pending.json                    PENDING_FILE       object storage: a commit in progress (or killed)
             config.json model.safetensors    MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE (a native gliner2 model)
             adapter/ merged/                 ADAPTER_DIR, MERGED_DIR (LoRA runs; PEFT's adapter_config.json and
                                              adapter_model.safetensors: ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE)
@@ -49,6 +51,7 @@ __all__ = [
     "EXPORT_DIR",
     "EXPORT_MARKER_FILE",
     "GRADIENTS_FILE",
+    "LEASE_CLAIMS_DIR",
     "LEASE_FILE",
     "MANAGED_STATE_FILE",
     "MANIFEST_FILE",
@@ -67,6 +70,7 @@ __all__ = [
     "SCHEDULER_FILE",
     "SESSION_STATE_FILE",
     "STAGING_MARKER",
+    "PENDING_FILE",
     "TEMP_SUFFIX",
     "TRAINER_EXTRA_FILE",
     "WEIGHTS_FILE",
@@ -83,6 +87,7 @@ MANIFEST_FILE = "manifest.json"
 RUN_INFO_FILE = "run.json"
 CURSOR_FILE = "cursor.json"
 LEASE_FILE = ".lease"
+LEASE_CLAIMS_DIR = ".lease.d"  # object storage: one claim object per contender (runtime/lease.py)
 CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "export"
 
@@ -119,6 +124,7 @@ REGISTRY_POINTER_FILE = "CURRENT.json"
 # ---- staging and quarantine --------------------------------------------------------------------------------
 STAGING_MARKER = ".partial-"
 TEMP_SUFFIX = ".tmp"
+PENDING_FILE = ".pending.json"  # object storage: written first by a directory commit, removed after its marker
 DAMAGED_PREFIX = ".damaged-"
 
 _CHECKPOINT_NAME = re.compile(r"^step-(\d{6})-batch-(\d{6})$")

@@ -11,8 +11,13 @@ so the storage policy is decided in one place:
   atomically: no temporary object, no move.
 - ``directory_commit(uri, marker)``: a directory whose marker file (``checkpoint.json``, ``export.json``) is
   written last. Locally the directory is staged as a hidden sibling (``layout.staging_name``), fsynced and renamed
-  into place, so a kill leaves nothing or all of it. Remotely the files are written in place and the marker last;
-  readers treat a directory without its marker as absent. A new remote policy (for example a unique prefix per
+  into place, so a kill leaves nothing or all of it. Remotely a pending marker (``layout.PENDING_FILE``) is written
+  first, then the files in place, then the marker, then the pending marker is removed; readers treat a directory
+  without its marker as absent, and a new commit to a destination holding our pending marker but no marker
+  replaces that debris of a killed upload (anything else non-empty is refused). The local copy a remote commit
+  uploads from (``local_dir``) is ``$TMPDIR/prefect-gliner2-upload-<pid>-*``: removed on every path, and after a
+  kill by the next remote commit or model load on the machine (``clean_stale_temp``). ``upload_progress`` is
+  the test seam called after each uploaded object. A new remote policy (for example a unique prefix per
   attempt with the marker naming it) is another ``DirectoryCommit`` class chosen in ``directory_commit``; callers
   do not change.
 - ``remove_debris(fs, folder)``: deletes what a killed writer left in `folder` (``layout.is_debris``); call it only
@@ -21,9 +26,12 @@ so the storage policy is decided in one place:
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,18 +45,39 @@ from prefect_gliner2.session_core import layout
 
 __all__ = [
     "absolute_uri",
+    "TEMP_PREFIX",
     "DirectoryCommit",
     "LocalDirectoryCommit",
     "RemoteDirectoryCommit",
+    "clean_stale_temp",
     "directory_commit",
+    "interrupted_commit",
     "fsync_dir",
     "is_local",
     "open_new_local",
     "remove_debris",
     "remove_uncommitted",
     "resolve",
+    "set_upload_hook",
+    "upload_progress",
     "write_atomic",
 ]
+
+
+TEMP_PREFIX = "prefect-gliner2-"
+_UPLOAD_HOOK: list[Callable[[str], None]] = []
+
+logger = logging.getLogger(__name__)
+
+
+def set_upload_hook(hook: Callable[[str], None] | None) -> None:
+    """Install (or with None remove) the function upload_progress calls (test fault injection)."""
+    _UPLOAD_HOOK[:] = [hook] if hook is not None else []
+
+
+def upload_progress(what: str) -> None:
+    for hook in list(_UPLOAD_HOOK):
+        hook(what)
 
 
 def is_local(fs: Any) -> bool:
@@ -209,7 +238,8 @@ class LocalDirectoryCommit(DirectoryCommit):
 
 
 class RemoteDirectoryCommit(DirectoryCommit):
-    """Remote policy: files written in place (``local_dir`` contents uploaded at commit), the marker last."""
+    """Remote policy: a pending marker first, files written in place (``local_dir`` contents uploaded at commit),
+    the marker last, then the pending marker removed."""
 
     def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
         super().__init__(fs, path, uri, marker, before_commit)
@@ -219,26 +249,34 @@ class RemoteDirectoryCommit(DirectoryCommit):
     def _ensure_dir(self) -> None:
         if not self._made:
             self.fs.makedirs(self.path, exist_ok=True)
+            pending = {"uri": self.uri, "marker": self.marker, "pid": os.getpid(), "started": time.time()}
+            self.fs.pipe_file(f"{self.path}/{layout.PENDING_FILE}", json.dumps(pending).encode())
             self._made = True
 
-    def open(self, name: str) -> Any:
+    @contextmanager
+    def open(self, name: str) -> Iterator[IO[bytes]]:
         self._ensure_dir()
-        return self.fs.open(f"{self.path}/{name}", "wb")
+        with self.fs.open(f"{self.path}/{name}", "wb") as handle:
+            yield handle
+        upload_progress(self.marker)
 
     def local_dir(self) -> Path:
         if self._local is None:
-            self._local = Path(tempfile.mkdtemp(prefix="prefect-gliner2-upload-"))
+            clean_stale_temp()
+            self._local = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}upload-{os.getpid()}-"))
         return self._local
 
     def commit(self, marker_bytes: bytes) -> None:
+        self._ensure_dir()
         if self._local is not None:
-            self.fs.put(f"{self._local}/", self.path, recursive=True)  # trailing slash: the contents
-        else:
-            self._ensure_dir()
+            for local in sorted(p for p in self._local.rglob("*") if p.is_file()):
+                self.fs.put_file(str(local), f"{self.path}/{local.relative_to(self._local).as_posix()}")
+                upload_progress(self.marker)
         if self.before_commit is not None:
             self.before_commit()
         with self.fs.open(f"{self.path}/{self.marker}", "wb") as handle:
             handle.write(marker_bytes)
+        self.fs.rm(f"{self.path}/{layout.PENDING_FILE}")
 
     def discard(self) -> None:
         if self._local is not None and self._local.exists():
@@ -248,15 +286,46 @@ class RemoteDirectoryCommit(DirectoryCommit):
 def directory_commit(
     uri: str, marker: str, *, what: str, before_commit: Callable[[], None] | None = None
 ) -> DirectoryCommit:
-    """A commit of a new directory at `uri` under this storage's policy; refuses a destination that is not empty.
+    """A commit of a new directory at `uri` under this storage's policy; refuses a destination that is not empty,
+    except (remote storage) the debris of an interrupted commit: our pending marker and no `marker`.
 
     `what` names the directory in the error ("checkpoint", "export").
     """
     fs, path = resolve(uri)
     if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
-        raise FileExistsError(f"{what} destination {uri} already exists and is not empty; choose a new location")
+        if is_local(fs) or not interrupted_commit(fs, path, marker):
+            raise FileExistsError(f"{what} destination {uri} already exists and is not empty; choose a new location")
+        logger.warning("replacing the incomplete %s at %s (its upload was interrupted)", what, uri)
+        fs.rm(path, recursive=True)
     policy = LocalDirectoryCommit if is_local(fs) else RemoteDirectoryCommit
     return policy(fs, path, uri, marker, before_commit)
+
+
+def interrupted_commit(fs: Any, path: str, marker: str) -> bool:
+    """A remote directory holding our pending marker but not `marker`: a commit that was killed mid-upload."""
+    return bool(fs.exists(f"{path}/{layout.PENDING_FILE}")) and not fs.exists(f"{path}/{marker}")
+
+
+def clean_stale_temp() -> list[str]:
+    """Remove temp copies (``prefect-gliner2-<kind>-<pid>-*``) whose process is gone: left by a kill."""
+    removed = []
+    for entry in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*-*"):
+        parts = entry.name[len(TEMP_PREFIX) :].split("-")
+        if len(parts) < 3 or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(str(entry))
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ---- debris --------------------------------------------------------------------------------------------------

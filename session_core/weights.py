@@ -14,6 +14,7 @@ built from detached copies; live weights, optimizer state and RNG streams are ne
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,7 +40,7 @@ from .layout import (
     WEIGHTS_FILE,
 )
 from .state import base_weights, canonical_name, read_tensors, tensors_digest
-from .storage import directory_commit, is_local, resolve
+from .storage import TEMP_PREFIX, clean_stale_temp, directory_commit, interrupted_commit, is_local, resolve
 
 if TYPE_CHECKING:
     from .session import TrainingSession
@@ -265,11 +266,28 @@ def _export_copy(copy: Any, staging: Path, *, merged: bool, lora: bool) -> None:
 
 
 def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> Any:
-    """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one."""
+    """Load what export_weights wrote: the native model, with its LoRA adapter applied when there is one.
+
+    A remote export is downloaded into a temporary directory that is removed before this returns (on every path;
+    after a kill, by the next load or remote commit on the machine): the model is held in memory, nothing stays on
+    disk. An export whose upload was interrupted (no export.json) is refused."""
+    fs, path = resolve(uri)
+    if not is_local(fs) and interrupted_commit(fs, path, EXPORT_MARKER_FILE):
+        raise WeightsError(
+            f"{uri} is an incomplete export (its upload was interrupted); resume the training run that writes it"
+        )
+    if is_local(fs):
+        return _load_export_dir(Path(path), trainable, kwargs)
+    clean_stale_temp()
+    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}model-{os.getpid()}-") as scratch:
+        target = Path(scratch) / "model"
+        fs.get(f"{path}/", str(target), recursive=True)  # trailing slash: copy the contents into target
+        return _load_export_dir(target, trainable, kwargs)
+
+
+def _load_export_dir(local: Path, trainable: bool, kwargs: dict[str, Any]) -> Any:
     from gliner2 import AutoExtractor
 
-    fs, path = resolve(uri)
-    local = _local_copy(fs, path)
     model = AutoExtractor.from_pretrained(str(local), **kwargs)
     adapter = local / ADAPTER_DIR
     if adapter.is_dir():
@@ -277,11 +295,3 @@ def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> 
 
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
     return model
-
-
-def _local_copy(fs: Any, path: str) -> Path:
-    if is_local(fs):
-        return Path(path)
-    target = Path(tempfile.mkdtemp(prefix="model-")) / "model"
-    fs.get(f"{path}/", str(target), recursive=True)  # trailing slash: copy the contents into target
-    return target

@@ -3,8 +3,9 @@
 Order of commitment: the worker writes ``checkpoints/step-S-batch-I/`` atomically (files, then the hash index,
 then a rename); only after it reports success does this task replace ``cursor.json``, and only forward. A crash at
 any moment leaves either the previous cursor (the new checkpoint, if complete, is simply reused when the schedule
-reaches it again) or the new one. Each committed checkpoint emits a ``prefect-gliner2.checkpoint.committed`` event
-on resource ``prefect-gliner2.run.<run_key>``.
+reaches it again) or the new one. Then retention prunes older checkpoints (``keep_checkpoints``; see
+runtime/resources.py): only checkpoints before the committed cursor, never the one it names. Each committed
+checkpoint emits a ``prefect-gliner2.checkpoint.committed`` event on resource ``prefect-gliner2.run.<run_key>``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prefect.events import emit_event
 
 from prefect_gliner2.runtime import faults, live_runs
 from prefect_gliner2.runtime.protocol import Checkpoint, CheckpointResult
+from prefect_gliner2.runtime.resources import prune_checkpoints
 from prefect_gliner2.runtime.rundir import DurableCursor
 from prefect_gliner2.session_core.layout import checkpoint_name
 from prefect_gliner2.tasks.training import RETRYING, call_worker
@@ -58,6 +60,11 @@ def checkpoint(run_key: str, index: int, step: int) -> CheckpointResult:
     )
     info = dataclasses.replace(info, name=name, cursor_moved=run.run_dir.commit_cursor(cursor))
     logger.info("checkpoint %s committed%s", name, "" if info.cursor_moved else " (cursor already past it)")
+    run.lease.check()
+    pruned = prune_checkpoints(run.run_dir, run.keep_checkpoints, best_step=info.best_step)
+    info = dataclasses.replace(info, pruned=tuple(pruned))
+    if pruned:
+        logger.info("retention (keep %s): removed %s", run.keep_checkpoints, ", ".join(pruned))
     recorded = dataclasses.asdict(info)
     emit_event(
         event=CHECKPOINT_EVENT,
@@ -79,6 +86,7 @@ def checkpoint(run_key: str, index: int, step: int) -> CheckpointResult:
                     "best_step",
                     "existing",
                     "cursor_moved",
+                    "pruned",
                 )
             },
         },

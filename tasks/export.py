@@ -9,6 +9,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.protocol import Export, ExportResult
 from prefect_gliner2.tasks.training import RETRYING, call_worker
 
@@ -23,6 +24,7 @@ __all__ = ["export_model"]
 )
 def export_model(run_key: str, uri: str, which: str = "best") -> ExportResult:
     """Export the best model (when validation selected one) or the final model to `uri`."""
+    live_runs.get(run_key).lease.check()  # a run that lost its run key publishes nothing
     info = call_worker(run_key, Export(uri=uri, which=which))
     get_run_logger().info("exported the %s model (step %s) to %s", info.label, info.step, uri)
     return info

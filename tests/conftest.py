@@ -1,7 +1,9 @@
 """Test-wide settings (everything offline, quiet tokenizers, Prefect pointed at a throwaway home) and fixtures.
 
 Shared helpers live in the ``support`` package (tests/support/); the one session-scoped Prefect server is the
-``prefect_server`` fixture below, used by every module that runs flows.
+``prefect_server`` fixture below, used by every module that runs flows. The real services some tests need (an S3
+API server, PostgreSQL) are fixtures from ``support.services``, registered here: ``s3_endpoint``, ``s3_bucket``,
+``postgres_url``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+from support.services import postgres_url, s3_bucket, s3_endpoint
+
+__all__ = ["postgres_url", "prefect_server", "s3_bucket", "s3_endpoint"]  # fixtures
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

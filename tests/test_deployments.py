@@ -20,7 +20,7 @@ from prefect_gliner2.session_core.tiny import tiny_records
 from support.config import training_config
 from support.flow import ROOT, THREADS, write_jsonl
 
-TRAIN, RETRAIN = "gliner2-train/train", "gliner2-retrain/retrain-nightly"
+TRAIN, RETRAIN, SWEEP = "gliner2-train/train", "gliner2-retrain/retrain-nightly", "gliner2-sweep/sweep"
 
 
 def form_config(**overrides: Any) -> dict[str, Any]:
@@ -110,13 +110,16 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
     with _client() as client:
         train = client.read_deployment_by_name(TRAIN)
         nightly = client.read_deployment_by_name(RETRAIN)
-    assert (train.entrypoint, nightly.entrypoint) == (
+        sweep = client.read_deployment_by_name(SWEEP)
+    assert (train.entrypoint, nightly.entrypoint, sweep.entrypoint) == (
         "prefect_gliner2.flows.train:train_flow",
         "prefect_gliner2.flows.retrain:retrain_flow",
+        "prefect_gliner2.flows.sweep:sweep_flow",
     )
-    assert train.work_pool_name == nightly.work_pool_name == "gliner2-process"
-    assert _limit(train) == 1 and train.schedules == []
-    assert train.concurrency_options is not None and train.concurrency_options.collision_strategy == "ENQUEUE"
+    assert train.work_pool_name == nightly.work_pool_name == sweep.work_pool_name == "gliner2-process"
+    # no deployment-wide limit: runs with different run keys train in parallel; the run-key lease excludes
+    assert _limit(train) is None and train.schedules == []
+    assert train.job_variables["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
     assert "config" in train.parameter_openapi_schema["properties"]
     _assert_nightly_schedule(RETRAIN)
     TrainingSettings.model_validate(nightly.parameters["config"])  # the scheduled defaults are a valid config
@@ -188,7 +191,9 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
         }
     }
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
-    _delete_deployments(TRAIN, RETRAIN)  # served deployments must not inherit a work-pool deployment's pull steps
+    _delete_deployments(
+        TRAIN, RETRAIN, SWEEP
+    )  # served deployments must not inherit a work-pool deployment's pull steps
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [sys.executable, "-m", "prefect_gliner2.deployments.serve", "--parameters", str(tmp_path / "overrides.json")],
@@ -258,6 +263,67 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
     assert "promoted served v000001" in (states["retrain"].message or "")
     assert (root / "runs" / "served-train" / "export" / "export.json").exists()
     assert json.loads((root / "registry" / "served" / "CURRENT.json").read_text())["version"] == "v000001"
+
+
+SWEEP_CHILD = """
+import json, sys
+from prefect_gliner2.flows.sweep import sweep_flow
+sweep_flow(**json.loads(sys.argv[1]))
+"""
+
+
+def _sweep_runs(sweep_key: str) -> list[Any]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    with _client() as client:
+        return list(
+            client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"sweep:{sweep_key}"])))
+        )
+
+
+def test_a_sweep_fans_out_survives_a_kill_of_itself_and_ranks_its_points(
+    served: dict[str, Any],
+    prefect_server: str,  # noqa: F811
+) -> None:
+    from prefect.artifacts import Artifact
+
+    from prefect_gliner2.flows.sweep import sweep_flow
+
+    inputs, root = served["inputs"], served["root"]
+    params = {
+        "base": {
+            "model": "tiny:span",
+            "train_data": inputs["train"],
+            "valid_data": inputs["valid"],
+            "config": training_config(num_epochs=1),
+            "storage": str(root / "runs"),
+            "cpu_threads": THREADS,
+        },
+        "points": [{"seed": 1}, {"seed": 2}, {"seed": 3}],
+        "sweep_key": "sw",
+        "max_parallel": 2,
+        "poll_seconds": 1.0,
+    }
+    killed = subprocess.Popen(
+        [sys.executable, "-c", SWEEP_CHILD, json.dumps(params)], cwd=str(ROOT), env=_env(prefect_server)
+    )
+    deadline = time.monotonic() + 120
+    while len(_sweep_runs("sw")) < 2 and time.monotonic() < deadline:  # two points launched, the third waits
+        time.sleep(0.5)
+    killed.kill()
+    killed.wait(10)
+    assert len(_sweep_runs("sw")) == 2, "max_parallel=2: the third point must wait for a free slot"
+    board = sweep_flow(**params)  # the sweep resumed: the two launched runs are found again, not duplicated
+    runs = _sweep_runs("sw")
+    assert len(runs) == 3 and all(run.state.is_completed() for run in runs), [(r.name, r.state) for r in runs]
+    rows = board["rows"]
+    assert [row["rank"] for row in rows] == [1, 2, 3] and not board["failed"]
+    metrics = [row["best_metric"] for row in rows]
+    assert None not in metrics and metrics == sorted(metrics)  # eval_loss: lower is better
+    assert {row["run_key"] for row in rows} == {run.parameters["run_key"] for run in runs}
+    assert all(str(row["export"]).endswith(f"{row['run_key']}/export") and row["flow_run"] for row in rows)
+    artifact = Artifact.get("sweep-sw-leaderboard")
+    assert artifact is not None and rows[0]["run_key"] in str(artifact.data)
 
 
 def _wait_final(flow_run_id: Any, timeout: float = 240) -> Any:

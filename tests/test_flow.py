@@ -68,6 +68,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         run_key="span-full",
         storage=str(storage),
         checkpoint_every=2,
+        keep_checkpoints=None,  # every checkpoint kept: the layout below lists them all
     )
     reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
@@ -103,6 +104,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         run_key="span-full",
         storage=str(storage),
         checkpoint_every=2,
+        keep_checkpoints=None,  # every checkpoint kept: the layout below lists them all
     )
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
 
@@ -150,6 +152,7 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str,
             checkpoint_every=2,
             batches_per_task=3,
             pipeline_depth=2,
+            keep_checkpoints=None,
         )
     reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-lora")
     assert (Path(summary["export"]) / "adapter").is_dir()
@@ -309,7 +312,7 @@ def test_refusals(space: dict[str, Any]) -> None:
     busy = RunDirectory(storage, "busy")
     busy.create()
     with RunLease(busy, flow_run_id="someone-else"), pytest.raises(RunLockedError, match="in use by another live run"):
-        run_flow(**base, run_key="busy")
+        run_flow(**base, run_key="busy", lease_wait=0)
     assert not any(name.startswith("step-") for name in os.listdir(busy.path + "/checkpoints"))
 
 

@@ -49,7 +49,7 @@ def test_local_lease_survives_nothing_but_its_holder(tmp_path: Path) -> None:
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(RunLockedError, match=f"pid {holder.pid} .*flow run holder"):
-        RunLease(run_dir).acquire()
+        RunLease(run_dir, wait=0).acquire()
     holder.kill()  # kill -9: the kernel drops the flock
     holder.wait(10)
     assert pid_gone(holder.pid)
@@ -65,7 +65,7 @@ def test_local_lease_is_exclusive_even_within_one_process_and_records_its_holder
     record = json.loads((tmp_path / "leased" / ".lease").read_text())
     assert (record["pid"], record["flow_run_id"], record["owner"]) == (os.getpid(), "one", first.owner["owner"])
     with pytest.raises(RunLockedError) as refused:
-        RunLease(run_dir, flow_run_id="two").acquire()
+        RunLease(run_dir, flow_run_id="two", wait=0).acquire()
     message = str(refused.value)
     assert f"run key 'leased' is in use by another live run (pid {os.getpid()} on " in message
     assert "flow run one" in message and "choose a different run key" in message
@@ -90,18 +90,16 @@ def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
     run_dir = _remote()
     first = RunLease(run_dir, flow_run_id="one", ttl=0.6)
     first.acquire()
-    with pytest.raises(RunLockedError, match="flow run one"):
-        RunLease(run_dir, ttl=0.6).acquire()
+    with pytest.raises(RunLockedError, match="flow run one.*expires at"):
+        RunLease(run_dir, ttl=0.6, wait=0).acquire()
     time.sleep(1.0)  # the heartbeat keeps renewing it
     with pytest.raises(RunLockedError):
-        RunLease(run_dir, ttl=0.6).acquire()
+        RunLease(run_dir, ttl=0.6, wait=0).acquire()
     first._stop.set()  # the holder "dies": no more heartbeats
     time.sleep(1.0)
-    second = RunLease(run_dir, flow_run_id="two", ttl=0.6)
+    second = RunLease(run_dir, flow_run_id="two", ttl=0.6, wait=0)
     second.acquire()  # the stale lease is taken over
-    time.sleep(0.1)
-    first._stop.clear()
-    first._heartbeat_once()
+    assert second.took_over and "TTL" in second.took_over[0]
     with pytest.raises(RunLockedError, match="taken over"):
         first.check()
     second.release()

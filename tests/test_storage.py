@@ -148,8 +148,26 @@ def test_remote_directory_commit_writes_the_marker_last() -> None:
         upload = commit.local_dir()
     assert not upload.exists()  # the local upload folder is removed
     names = sorted(p.rsplit("/", 1)[-1] for p in before[0])
-    assert names == ["a.bin", "sub"]  # everything but the marker was in place before it
+    assert names == [layout.PENDING_FILE, "a.bin", "sub"]  # everything but the marker was in place before it
     assert fs.cat_file(f"{path}/sub/b.bin") == b"b" and fs.cat_file(f"{path}/export.json") == b'{"done": true}'
+    assert not fs.exists(f"{path}/{layout.PENDING_FILE}")  # removed once the marker is written
+
+
+def test_an_interrupted_remote_commit_is_replaced_anything_else_refused() -> None:
+    uri = f"{_memory_dir()}/export"
+    fs, path = storage.resolve(uri)
+    killed = storage.directory_commit(uri, "export.json", what="export")
+    killed.write("a.bin", b"half")  # ... and the process dies here: pending marker, no export.json
+    assert storage.interrupted_commit(fs, path, "export.json")
+    with storage.directory_commit(uri, "export.json", what="export") as again:
+        again.write("a.bin", b"whole")
+        again.commit(b"{}")
+    assert fs.cat_file(f"{path}/a.bin") == b"whole"
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) == ["a.bin", "export.json"]
+    foreign = f"{_memory_dir()}/theirs"
+    fs.pipe_file(f"{storage.resolve(foreign)[1]}/model.bin", b"not ours")
+    with pytest.raises(FileExistsError, match="already exists and is not empty"):
+        storage.directory_commit(foreign, "export.json", what="export")
 
 
 # ---- debris ------------------------------------------------------------------------------------------------

@@ -404,6 +404,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
         storage=str(storage),
         checkpoint_every=CHECKPOINT_EVERY,
         cpu_threads=THREADS,
+        keep_checkpoints=None,  # the faults below pick checkpoints of the reference run by position: keep them all
     )
     reference = run_in_process({**base, "run_key": "reference"})
     finished = storage / "reference"

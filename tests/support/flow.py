@@ -18,6 +18,7 @@ from prefect_gliner2.runtime.faults import FaultPlan
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
+FAULT_SITE = TESTS / "support" / "faultsite"  # sitecustomize: SUPPORT_FAULT_PLAN installs a plan at start-up
 
 THREADS = 1
 _REFERENCES: dict[tuple[Any, ...], str] = {}
@@ -129,10 +130,13 @@ def installed_faults(plan: FaultPlan) -> Iterator[FaultPlan]:
         faults.uninstall()
 
 
-def flow_child(params: dict[str, Any], plan: FaultPlan | None, api_url: str) -> subprocess.Popen[str]:
+def flow_child(
+    params: dict[str, Any], plan: FaultPlan | None, api_url: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """Run train_flow in a fresh interpreter (``python -m support.flow_child``) against the shared test server,
-    with `plan` installed there."""
-    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PREFECT_API_URL=api_url)
+    with `plan` installed there (and `env` added to its environment, e.g. object-store credentials)."""
+    pythonpath = os.pathsep.join([str(TESTS), str(ROOT)])
+    full_env = dict(os.environ, PYTHONPATH=pythonpath, PREFECT_API_URL=api_url, **(env or {}))
     params = {"cpu_threads": THREADS, **params}
     plan_json = plan.to_json() if plan is not None else ""
     return subprocess.Popen(

@@ -1,0 +1,231 @@
+"""The sweep flow: one training run per point of a grid or list of config overrides, fanned out to the workers.
+
+    from prefect_gliner2.flows.sweep import sweep_flow
+
+    board = sweep_flow(
+        base={"model": "tiny:span", "train_data": "data/train.jsonl", "valid_data": "data/valid.jsonl",
+              "config": {"fp16": False, "bf16": False, "num_epochs": 3}, "storage": "s3://bucket/runs"},
+        grid={"encoder_lr": [1e-5, 3e-5], "batch_size": [8, 16]},       # or points=[{...}, {...}]
+        sweep_key="ner-lr", max_parallel=4,
+    )
+    board["rows"][0]                                  # the best point: run key, metric, flow run, export
+
+Each point is a ``run_deployment`` of the training deployment (``gliner2-train/train``) with its own run key,
+``<sweep_key>-<sha256 of the point's overrides, 10 hex>``, and the idempotency key ``<sweep_key>/<run key>``: a
+resumed or retried sweep gets the flow runs it already created back from the server instead of starting
+duplicates, waits for those still running, and retries (``prefect flow-run retry`` semantics: same flow run, same
+run key, exact resume) those that crashed or failed. At most ``max_parallel`` points run at once; with N workers
+and ``max_parallel >= N`` N runs train at once. The sweep ends with a leaderboard table artifact sorted by the
+selection metric (``metric_for_best``), linking each flow run and export; a point's numbers come from its run
+directory's durable summary, so training results need no result persistence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any
+from uuid import UUID
+
+from prefect import flow, get_run_logger
+from pydantic import Field, ValidationError
+
+from prefect_gliner2.flows.params import TrainingSettings
+from prefect_gliner2.flows.train import default_storage
+from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
+from prefect_gliner2.session_core import TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError
+
+__all__ = ["leaderboard_rows", "sweep_flow", "sweep_points"]
+
+TRAIN_DEPLOYMENT = "gliner2-train/train"
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+
+
+def sweep_points(
+    base: Mapping[str, Any], grid: Mapping[str, list[Any]] | None, points: list[dict[str, Any]] | None, sweep_key: str
+) -> list[dict[str, Any]]:
+    """The sweep's points, each with its overrides, validated config and run key (same inputs, same keys)."""
+    if (grid is None) == (points is None):
+        raise ConfigError("pass exactly one of grid (field -> list of values) or points (a list of override dicts)")
+    if grid is not None:
+        empty = [name for name, values in grid.items() if not isinstance(values, list) or not values]
+        if empty:
+            raise ConfigError(f"grid fields {empty} need a non-empty list of values each")
+        names = sorted(grid)
+        overrides = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(grid[n] for n in names))]
+    else:
+        overrides = [dict(point) for point in points or []]
+    if not overrides:
+        raise ConfigError("the sweep has no points: give at least one override")
+    base_config = _base_training_config(base.get("config"))
+    found, seen = [], set()
+    for number, override in enumerate(overrides):
+        try:
+            point_config = TrainingConfig.from_dict({**base_config.to_dict(), **override})
+        except ConfigError as exc:
+            raise ConfigError(f"sweep point {number} {override}: {exc}") from None
+        cfg = point_config.to_dict()
+        digest = hashlib.sha256(json.dumps(override, sort_keys=True).encode()).hexdigest()[:10]
+        run_key = validate_run_key(f"{sweep_key}-{digest}")
+        if run_key in seen:
+            raise ConfigError(f"sweep point {number} {override} repeats an earlier point; list each point once")
+        seen.add(run_key)
+        form = TrainingSettings.model_validate(point_config).model_dump(mode="json")  # what the run form takes
+        found.append({"overrides": override, "config": cfg, "form": form, "run_key": run_key})
+    return found
+
+
+def _base_training_config(config: Any) -> TrainingConfig:
+    """The sweep's base config, given as the run form's settings or as flat TrainingConfig fields."""
+    if isinstance(config, TrainingConfig):
+        return config
+    try:
+        return TrainingSettings.model_validate(config or {}).to_training_config()
+    except ValidationError as exc:
+        raise ConfigError(f"the sweep's base config is not valid: {exc}") from None
+
+
+@flow(name="gliner2-sweep", persist_result=False)
+def sweep_flow(
+    base: dict[str, Any],
+    grid: dict[str, list[Any]] | None = None,
+    points: list[dict[str, Any]] | None = None,
+    sweep_key: str = "sweep",
+    max_parallel: Annotated[int, Field(ge=1)] = 2,
+    deployment: str = TRAIN_DEPLOYMENT,
+    poll_seconds: Annotated[float, Field(gt=0)] = 5.0,
+) -> dict[str, Any]:
+    """Train one run per sweep point through the training deployment; returns the leaderboard.
+
+    Args:
+        base: train_flow parameters shared by every point (model, train_data, valid_data, config, storage, ...).
+        grid: Config field -> list of values; every combination is a point.
+        points: Alternatively, an explicit list of config overrides.
+        sweep_key: Names the sweep; each point's run key is derived from it and the point's overrides.
+        max_parallel: Points running at once (set it to the number of worker slots).
+        deployment: The training deployment to run ("flow-name/deployment-name").
+        poll_seconds: How often to poll the points' flow run states.
+    """
+    logger = get_run_logger()
+    validate_run_key(sweep_key)
+    todo = sweep_points(base, grid, points, sweep_key)
+    logger.info("sweep %s: %d points, at most %d at once", sweep_key, len(todo), max_parallel)
+    runs: dict[str, Any] = {}
+    waiting = list(todo)
+    while waiting or any(_state(run) not in FINAL for run in runs.values()):
+        active = sum(_state(run) not in FINAL for run in runs.values())
+        while waiting and active < max_parallel:
+            point = waiting.pop(0)
+            runs[point["run_key"]] = _launch(point, base, sweep_key, deployment)
+            active += 1
+        time.sleep(poll_seconds)
+        runs = {key: _refresh(run) for key, run in runs.items()}
+    rows = leaderboard_rows(todo, runs, base)
+    _publish(sweep_key, rows)
+    failed = [row["run_key"] for row in rows if row["state"] != "COMPLETED"]
+    if failed:
+        logger.warning("sweep %s: %d point(s) did not complete: %s", sweep_key, len(failed), ", ".join(failed))
+    return {"sweep_key": sweep_key, "rows": rows, "failed": failed}
+
+
+def _launch(point: dict[str, Any], base: Mapping[str, Any], sweep_key: str, deployment: str) -> Any:
+    """Create (or get back) the point's flow run; a crashed or failed one from an earlier attempt is retried."""
+    from prefect.deployments import run_deployment
+
+    parameters = {**base, "config": point["form"], "run_key": point["run_key"]}
+    run: Any = run_deployment(
+        deployment,
+        parameters=parameters,
+        timeout=0,
+        idempotency_key=f"{sweep_key}/{point['run_key']}",
+        tags=["gliner2-sweep", f"sweep:{sweep_key}"],
+        flow_run_name=point["run_key"],
+        as_subflow=False,
+    )
+    logger = get_run_logger()
+    state = _state(run)
+    if state in ("CRASHED", "FAILED"):
+        logger.info("retrying the %s point %s (flow run %s): it resumes exactly", state, point["run_key"], run.id)
+        _retry(run.id)
+        run = _refresh(run)
+    else:
+        logger.info("point %s: flow run %s (%s)", point["run_key"], run.id, state or "new")
+    return run
+
+
+def _retry(flow_run_id: UUID) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import AwaitingRetry
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, AwaitingRetry(), force=True)
+
+
+def _refresh(run: Any) -> Any:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run.id)
+
+
+def _state(run: Any) -> str | None:
+    return run.state.type.value if run.state is not None else None
+
+
+def leaderboard_rows(
+    todo: list[dict[str, Any]], runs: Mapping[str, Any], base: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """One row per point, best first by the selection metric; points without a metric last."""
+    storage = str(base.get("storage") or default_storage())
+    rows = []
+    for point in todo:
+        run = runs[point["run_key"]]
+        cursor = RunDirectory(storage, point["run_key"]).read_cursor()
+        summary = (cursor.summary if cursor is not None else None) or {}
+        rows.append(
+            {
+                "run_key": point["run_key"],
+                "overrides": json.dumps(point["overrides"], sort_keys=True),
+                "metric": point["config"]["metric_for_best"],
+                "best_metric": summary.get("best_metric"),
+                "best_step": summary.get("best_step"),
+                "total_steps": summary.get("total_steps"),
+                "state": _state(run),
+                "flow_run": _flow_run_link(run.id),
+                "export": summary.get("export"),
+                "greater_is_better": point["config"]["greater_is_better"],
+            }
+        )
+
+    def order(row: dict[str, Any]) -> tuple[bool, float]:
+        value = row["best_metric"]
+        if value is None:
+            return (True, 0.0)
+        return (False, -value if row["greater_is_better"] else value)
+
+    rows.sort(key=order)
+    for rank, row in enumerate(rows, start=1):
+        row["rank"] = rank
+    return rows
+
+
+def _flow_run_link(flow_run_id: UUID) -> str:
+    from prefect.settings import PREFECT_UI_URL
+
+    ui = PREFECT_UI_URL.value()
+    return f"{ui}/runs/flow-run/{flow_run_id}" if ui else str(flow_run_id)
+
+
+def _publish(sweep_key: str, rows: list[dict[str, Any]]) -> None:
+    from prefect.artifacts import create_table_artifact
+
+    columns = ("rank", "run_key", "overrides", "metric", "best_metric", "best_step", "state", "flow_run", "export")
+    create_table_artifact(
+        [{name: row[name] for name in columns} for row in rows],
+        key=f"sweep-{sweep_key.lower().replace('_', '-').replace('.', '-')}-leaderboard",
+        description=f"sweep {sweep_key}: one row per point, best {rows[0]['metric']} first",
+    )

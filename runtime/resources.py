@@ -1,0 +1,140 @@
+"""Resource bounds of one run: the worker's CPU thread budget, checkpoint retention, and disk used.
+
+CPU threads (the default of ``cpu_threads``, recorded with the run on first use because the count changes the
+bits) follow one rule: one run is one worker *slot*, and a slot gets its share of the CPUs this process may use,
+never more.
+
+1. ``$PREFECT_GLINER2_CPU_THREADS`` when set (a work pool's job variables can give each slot its budget);
+2. else ``$OMP_NUM_THREADS`` when set (the usual per-process thread budget);
+3. else the usable CPUs divided by the slots on this host, ``$PREFECT_GLINER2_WORKER_SLOTS`` (default 1; set it to
+   the worker's ``--limit``), at least 1. Usable CPUs are the process's CPU affinity, capped by a cgroup CPU quota
+   (containers, Kubernetes CPU limits).
+
+Retention (``keep_checkpoints=N``): after a checkpoint is committed and the durable cursor has moved to it, older
+checkpoints are pruned down to the newest N plus the checkpoint taken at the best validation step; the checkpoint
+the cursor names is never touched. A checkpoint is deleted index first (from then on it is not a checkpoint,
+only debris), then its files; a kill in between leaves an index-less directory that the next prune removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from prefect_gliner2.runtime import faults
+from prefect_gliner2.runtime.rundir import RunDirectory, checkpoint_position
+from prefect_gliner2.session_core.layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
+from prefect_gliner2.session_core.layout import CHECKPOINTS_DIR
+
+__all__ = [
+    "ENV_CPU_THREADS",
+    "ENV_WORKER_SLOTS",
+    "default_cpu_threads",
+    "disk_used",
+    "prune_checkpoints",
+    "usable_cpus",
+]
+
+ENV_CPU_THREADS = "PREFECT_GLINER2_CPU_THREADS"
+ENV_WORKER_SLOTS = "PREFECT_GLINER2_WORKER_SLOTS"
+
+logger = logging.getLogger(__name__)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2/v1 CPU quota."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        count = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        count = min(count, max(1, int(quota)))
+    return max(1, count)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as handle:
+            limit, period = handle.read().split()[:2]
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as q, open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as p:
+            limit_us, period_us = int(q.read()), int(p.read())
+        return None if limit_us <= 0 else limit_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def _positive_env(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        from prefect_gliner2.session_core.errors import ConfigError
+
+        raise ConfigError(f"${name}={raw!r} is not a positive integer; set it to a whole number >= 1 or unset it")
+    return value
+
+
+def default_cpu_threads() -> int:
+    """Torch threads for one worker slot (see the module docstring for the rule)."""
+    for name in (ENV_CPU_THREADS, "OMP_NUM_THREADS"):
+        value = _positive_env(name)
+        if value is not None:
+            return value
+    slots = _positive_env(ENV_WORKER_SLOTS) or 1
+    return max(1, usable_cpus() // slots)
+
+
+# ---- retention -------------------------------------------------------------------------------------------------
+
+
+def prune_checkpoints(run_dir: RunDirectory, keep: int | None, *, best_step: int | None) -> list[str]:
+    """Delete checkpoints beyond the newest `keep` (plus the best one and the cursor's); None keeps all.
+
+    Call only while holding the lease and after the cursor committed the newest checkpoint. Returns the names
+    removed (including index-less leftovers of an interrupted prune that lie before the cursor)."""
+    cursor = run_dir.read_cursor()
+    if keep is None or cursor is None:
+        return []
+    committed = run_dir.committed_checkpoints()
+    protected = set(committed[-keep:]) | {cursor.checkpoint}
+    protected |= {name for name in committed if best_step is not None and checkpoint_position(name)[0] == best_step}
+    removed = []
+    for name in committed:
+        if name not in protected and checkpoint_position(name)[1] < cursor.cursor:
+            _delete_checkpoint(run_dir, name)
+            removed.append(name)
+    for name in run_dir.uncommitted_checkpoints():
+        if checkpoint_position(name)[1] < cursor.cursor - 1:
+            run_dir.fs.rm(f"{run_dir.path}/{CHECKPOINTS_DIR}/{name}", recursive=True)
+            removed.append(name)
+    return removed
+
+
+def _delete_checkpoint(run_dir: RunDirectory, name: str) -> None:
+    folder = f"{run_dir.path}/{CHECKPOINTS_DIR}/{name}"
+    run_dir.fs.rm(f"{folder}/{INDEX_FILE}")  # from here on it is no checkpoint, only debris
+    faults.hit("prune", checkpoint_position(name)[1])
+    run_dir.fs.rm(folder, recursive=True)
+
+
+def disk_used(run_dir: RunDirectory) -> dict[str, Any]:
+    """Bytes stored under the run directory, and under its checkpoints/ folder."""
+    fs = run_dir.fs
+    total = int(fs.du(run_dir.path)) if fs.exists(run_dir.path) else 0
+    folder = f"{run_dir.path}/{CHECKPOINTS_DIR}"
+    checkpoints = int(fs.du(folder)) if fs.exists(folder) else 0
+    return {
+        "disk_bytes": total,
+        "checkpoint_bytes": checkpoints,
+        "checkpoints_kept": len(run_dir.committed_checkpoints()),
+    }
