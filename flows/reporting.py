@@ -18,20 +18,21 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-__all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener"]
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, LOSS_KEYS
+
+__all__ = [
+    "RunReporter",
+    "add_listener",
+    "artifact_key",
+    "remove_listener",
+    "summary_markdown",
+    "validation_rows",
+]
 
 logger = logging.getLogger(__name__)
 Listener = Callable[[str, dict[str, Any]], None]
 _LISTENERS: list[Listener] = []
-_TABLE_KEYS = (
-    "step",
-    "epoch",
-    "batch",
-    "eval_loss",
-    "eval_classification_loss",
-    "eval_structure_loss",
-    "eval_count_loss",
-)
+DIGITS = 4  # metrics in tables and logs are rounded to this many decimals
 
 
 def add_listener(listener: Listener) -> None:
@@ -134,7 +135,7 @@ class RunReporter:
     def validation(self, result: dict[str, Any]) -> None:
         self.validations = list(result.get("history") or self.validations)  # the whole history, also on resume
         self._emit("validation", dict(result))
-        rows = [{k: v.get(k) for k in _TABLE_KEYS} for v in self.validations]
+        rows = validation_rows(self.validations)
         self._submit(lambda: self._table(rows))
         self._push(force=True)
 
@@ -256,21 +257,69 @@ class RunReporter:
         )
 
 
+def _rounded(value: Any) -> Any:
+    return round(float(value), DIGITS) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _prf(row: dict[str, Any]) -> str:
+    return " / ".join(f"{float(row[k]):.{DIGITS - 1}f}" for k in ("precision", "recall", "f1"))
+
+
+def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The validation table: position (1-based epoch, as in the run name), overall P/R/F1 and the per-kind and macro
+    F1s that were measured, "P / R / F1" per label, then the native losses; rounded."""
+    rows = []
+    for entry in validations:
+        row: dict[str, Any] = {"step": entry.get("step"), "epoch": int(entry.get("epoch", 0)) + 1}
+        row["batch"] = entry.get("batch")
+        row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry})
+        for label in entry.get("per_label") or []:
+            row[f"{label['label']} P / R / F1"] = _prf(label)
+        row.update({key: _rounded(entry.get(key)) for key in LOSS_KEYS})
+        rows.append(row)
+    return rows
+
+
 def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[dict[str, Any]]) -> str:
-    metric = summary.get("metric_for_best", "eval_loss")
+    metric = summary.get("metric_for_best", "eval_f1")
     best = summary.get("best_metric")
+    best_step = summary.get("best_step")
     lines = [
         f"# GLiNER2 training run `{run_key}`",
         "",
         f"- **model exported**: `{summary.get('export')}` ({summary.get('label')} weights)",
         f"- **steps**: {summary.get('total_steps')} over {summary.get('total_epochs')} epoch(s)"
         + (" — stopped early" if summary.get("stopped_early") else ""),
-        f"- **best {metric}**: {best if best is not None else 'n/a (no validation)'}"
-        + (f" at step {summary.get('best_step')}" if summary.get("best_step") is not None else ""),
+        f"- **best {metric}**: {_rounded(best) if best is not None else 'n/a (no validation)'}"
+        + (f" at step {best_step}" if best_step is not None else ""),
+    ]
+    chosen = next((v for v in validations if v.get("step") == best_step), None)
+    if chosen is not None and "eval_f1" in chosen:
+        lines.append(
+            f"- **best F1**: {_rounded(chosen['eval_f1'])} at step {best_step} (precision "
+            f"{_rounded(chosen['eval_precision'])}, recall {_rounded(chosen['eval_recall'])})"
+        )
+    lines += [
         f"- **checkpoints**: `{summary.get('checkpoints')}` (newest `{summary.get('checkpoint')}`)",
         f"- **run directory**: `{summary.get('run_dir')}`",
     ]
     if validations:
-        lines += ["", "| step | epoch | eval_loss |", "|---:|---:|---:|"]
-        lines += [f"| {v.get('step')} | {v.get('epoch')} | {v.get('eval_loss'):.6g} |" for v in validations]
+        extraction = "eval_f1" in validations[0]
+        head = "| step | epoch | " + ("precision | recall | F1 | " if extraction else "") + "eval_loss |"
+        lines += ["", head, "|---:|---:|" + ("---:|---:|---:|" if extraction else "") + "---:|"]
+        for v in validations:
+            scores = " | ".join(str(_rounded(v[k])) for k in ("eval_precision", "eval_recall", "eval_f1"))
+            lines.append(
+                f"| {v.get('step')} | {int(v.get('epoch', 0)) + 1} | "
+                + (f"{scores} | " if extraction else "")
+                + f"{v.get('eval_loss'):.6g} |"
+            )
+    if chosen is not None and chosen.get("per_label"):
+        lines += ["", f"Per label at step {best_step}:", "", "| kind | label | precision | recall | F1 | support |"]
+        lines.append("|---|---|---:|---:|---:|---:|")
+        for row in chosen["per_label"]:
+            lines.append(
+                f"| {row['kind']} | {row['label']} | {_rounded(row['precision'])} | {_rounded(row['recall'])} | "
+                f"{_rounded(row['f1'])} | {row['support']} |"
+            )
     return "\n".join(lines) + "\n"

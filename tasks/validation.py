@@ -12,7 +12,7 @@ from prefect import get_run_logger, task
 
 from prefect_gliner2.tasks.training import POSITION_TASK, call_worker
 
-__all__ = ["validate"]
+__all__ = ["validate", "validation_line"]
 
 
 @task(
@@ -21,16 +21,25 @@ __all__ = ["validate"]
     **POSITION_TASK,
 )
 def validate(run_key: str, index: int) -> dict[str, Any]:
-    """The validation after batch `index`: native eval losses, best selection, early stopping."""
+    """The validation after batch `index`: extraction P/R/F1 and native eval losses, best selection, early stopping."""
     result = call_worker(run_key, "validate", index=index)
-    metrics = result.get("metrics") or {}
-    get_run_logger().info(
-        "validation after batch %d (step %s): eval_loss %s; best %s at step %s%s",
-        index,
-        result.get("step"),
-        metrics.get("eval_loss"),
-        result.get("best_metric"),
-        result.get("best_step"),
-        "; early stopping" if result.get("stopped_early") else "",
-    )
+    get_run_logger().info("%s", validation_line(index, result))
     return dict(result)
+
+
+def _short(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.4f}"
+
+
+def validation_line(index: int, result: dict[str, Any]) -> str:
+    """One log line for a validation: F1, P, R, the loss and where the best stands."""
+    metrics = result.get("metrics") or {}
+    parts = [f"validation after batch {index} (step {result.get('step')}):"]
+    if "eval_f1" in metrics:
+        parts.append(
+            f"F1 {_short(metrics['eval_f1'])} (P {_short(metrics['eval_precision'])}, "
+            f"R {_short(metrics['eval_recall'])}),"
+        )
+    parts.append(f"eval_loss {_short(metrics.get('eval_loss'))};")
+    parts.append(f"best {_short(result.get('best_metric'))} at step {result.get('best_step')}")
+    return " ".join(parts) + ("; early stopping" if result.get("stopped_early") else "")

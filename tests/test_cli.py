@@ -194,3 +194,74 @@ def test_flow_and_cli_modules_do_not_import_torch() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "none"
+
+
+# ---- evaluate ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from prefect_gliner2.session_core.tiny import save_tiny_model
+
+    root = tmp_path_factory.mktemp("evaluate")
+    model = save_tiny_model(root / "model", "span", seed=0)
+    data = root / "gold.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in tiny_records(6, seed=3)))
+    return {"root": str(root), "model": str(model), "data": str(data)}
+
+
+def test_evaluate_prints_per_label_scores_and_totals(
+    scored: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gliner2 import AutoExtractor
+
+    from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
+    from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
+
+    out = os.path.join(scored["root"], "report.json")
+    argv = ["evaluate", "--model", scored["model"], "--data", scored["data"], "--threshold", "0.0", "--json", out]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(Path(out).read_text())
+    records = tiny_records(6, seed=3)
+    model = AutoExtractor.from_pretrained(scored["model"])
+    labels = list(DatasetSchema.of([r["output"] for r in records]).entities)  # the data's labels, first-seen order
+    assert sorted(labels) == sorted(TINY_ENTITY_TYPES)
+    extracted = model.batch_extract_entities([r["input"] for r in records], labels, threshold=0.0)
+    expected = score_records([r["output"] for r in records], extracted)
+    assert expected.total().predicted > 0  # threshold 0: the random model extracts, so the numbers are not all 0
+    assert report["metrics"] == expected.metrics() and report["per_label"] == expected.rows()
+    assert (report["threshold"], report["records"], report["total"]["support"]) == (0.0, 6, expected.total().support)
+    lines = printed.splitlines()
+    assert lines[0].split() == ["label", "precision", "recall", "F1", "support"]
+    assert [line.split()[0] for line in lines[1:5]] == [f"entities/{label}" for label in sorted(TINY_ENTITY_TYPES)]
+    total = expected.total()
+    assert lines[6].split() == [
+        "all",
+        "(micro)",
+        f"{total.precision:.4f}",
+        f"{total.recall:.4f}",
+        f"{total.f1:.4f}",
+    ] + [str(total.support)]
+    assert f"tp {total.tp}, fp {total.fp}, fn {total.fn}" in lines[7]
+
+
+def test_evaluate_refuses_unusable_input(scored: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    empty_dir = os.path.join(scored["root"], "not-a-model")
+    os.makedirs(empty_dir, exist_ok=True)
+    bad_records = os.path.join(scored["root"], "bad.jsonl")
+    Path(bad_records).write_text('{"input": "Alice", "output": {"entities": {"person": ["Bob"]}}}\nnot json\n')
+    model, data = scored["model"], scored["data"]
+    for argv, message in [
+        (["evaluate", "--model", model, "--data", "/nope.jsonl"], "data '/nope.jsonl' does not exist"),
+        (["evaluate", "--model", empty_dir, "--data", data], "has no config.json"),
+        (["evaluate", "--model", "./missing-model", "--data", data], "is not a model directory"),
+        (["evaluate", "--model", model, "--data", bad_records], "evaluation"),
+        (["evaluate", "--model", model, "--data", data, "--json", scored["root"]], "is a directory"),
+    ]:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    for threshold, message in [("2", "must be in [0, 1], got 2"), ("x", "must be a number in [0, 1]")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["evaluate", "--model", model, "--data", data, "--threshold", threshold])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
