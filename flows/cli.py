@@ -229,10 +229,11 @@ def _plan(args: Any) -> int:
 
 
 def _demo(args: Any) -> int:
-    from prefect_gliner2.flows.demo import run_demo
+    from prefect_gliner2.flows.demo import demo_report, run_demo
 
     summary = run_demo(args.dir)
     print(_describe(summary))
+    print(demo_report(summary["demo"]))
     return 0
 
 

@@ -163,13 +163,23 @@ def test_demo_trains_the_tiny_model_offline(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from prefect_gliner2.flows.demo import DEMO_CONFIG, DEMO_SIZES
+
+    # a scaled-down demo (the real one trains ~3 minutes; README records its output)
+    monkeypatch.setattr("prefect_gliner2.flows.demo.DEMO_SIZES", {**DEMO_SIZES, "train": 16, "valid": 4, "test": 6})
+    monkeypatch.setitem(DEMO_CONFIG, "num_epochs", 2)
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
+    assert "best eval_f1:" in out
+    assert f"held-out F1 on 6 unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
+    assert "  before training: F1 " in out and "  after training:  F1 " in out
+    assert out.count("  text:      ") == 3 and out.count("  extracted: ") == 3 and out.count("  gold:      ") == 3
+    first = json.loads((tmp_path / "demo" / "data" / "test.jsonl").read_text().splitlines()[0])
+    assert f"  text:      {first['input']}" in out
     assert json.loads((tmp_path / "demo" / "model" / "export.json").read_text())["label"] == "best"
     assert (tmp_path / "demo" / "runs" / "demo" / "cursor.json").exists()
     # a demo directory left by a different plan (e.g. another version): a clear way out, nothing touched
-    from prefect_gliner2.flows.demo import DEMO_CONFIG
 
     monkeypatch.setitem(DEMO_CONFIG, "seed", 8)
     before = sorted(p.name for p in (tmp_path / "demo" / "runs" / "demo" / "checkpoints").iterdir())
