@@ -274,7 +274,8 @@ def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["batch"] = entry.get("batch")
         row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry})
         for label in entry.get("per_label") or []:
-            row[f"{label['label']} P / R / F1"] = _prf(label)
+            name = label["label"] if label["kind"] == "entities" else f"{label['kind']}/{label['label']}"
+            row[f"{name} P / R / F1"] = _prf(label)
         row.update({key: _rounded(entry.get(key)) for key in LOSS_KEYS})
         rows.append(row)
     return rows

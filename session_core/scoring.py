@@ -16,7 +16,8 @@ Matching rules (README, "Extraction metrics"):
   (choice fields by their chosen value); which instance a value belongs to is not scored.
 - Labels come from the evaluated data set as a whole (:class:`DatasetSchema`): a record is asked for every entity
   label, relation type and structure seen anywhere in the data, so extracting a label the record does not list is a
-  false positive. A classification task is scored only on records that carry it.
+  false positive, in the order the records list them (:func:`data_order`). A classification task is scored only
+  on records that carry it.
 - Empty counts give 0.0, never NaN: precision with nothing predicted, recall with nothing to find, F1 when both are 0.
   Micro P/R/F1 sum the counts; macro F1 is the mean F1 over labels with any gold or predicted item.
 """
@@ -38,6 +39,7 @@ __all__ = [
     "DatasetSchema",
     "ScoreReport",
     "inference_schema",
+    "data_order",
     "normalize_text",
     "score_records",
 ]
@@ -173,11 +175,19 @@ class DatasetSchema:
 
     @classmethod
     def of(cls, outputs: Sequence[Mapping[str, Any]]) -> DatasetSchema:
+        """Labels in the data's own order (see :func:`data_order`): gliner2 does not shuffle entity labels while
+        training, so a model may tie a label to its place in the prompt and must be asked in the order it learned."""
         schema = cls()
+        entity_orders: list[list[str]] = []
+        relation_orders: list[list[str]] = []
         for row, output in enumerate(outputs):
             if not isinstance(output, Mapping):
                 raise RecordError(f"gold row {row}: 'output' must be an object of tasks, got {type(output).__name__}")
             schema._add(output)
+            entity_orders.append(list(_entity_map(output.get("entities"))))
+            relation_orders.append(list(dict.fromkeys(name for name, _ in _relation_items(output.get("relations")))))
+        schema.entities = {label: schema.entities[label] for label in data_order(entity_orders)}
+        schema.relations = data_order(relation_orders)
         return schema
 
     def _add(self, output: Mapping[str, Any]) -> None:
@@ -196,6 +206,36 @@ class DatasetSchema:
                     entry["dtype"] = "list"
                 if _is_choice(value):
                     entry["choices"] = list(dict.fromkeys([*(entry["choices"] or []), *value["choices"]]))
+
+
+def data_order(sequences: Sequence[Sequence[str]]) -> list[str]:
+    """One order of all labels that keeps every record's own order where the records agree: a label listed before
+    another in some record comes first; ties, and contradicting records, are settled by first appearance."""
+    first: dict[str, int] = {}
+    after: dict[str, set[str]] = {}
+    for sequence in sequences:
+        for label in sequence:
+            first.setdefault(label, len(first))
+            after.setdefault(label, set())
+        for earlier, later in zip(sequence, sequence[1:], strict=False):
+            after[earlier].add(later)
+    disputed = {(a, b) for a, laters in after.items() for b in laters if a in after[b]}
+    for a, b in disputed:  # records that disagree about a pair leave that pair unordered
+        after[a].discard(b)
+    before_count = {label: 0 for label in first}
+    for label in first:
+        for later in after[label]:
+            before_count[later] += 1
+    order: list[str] = []
+    remaining = set(first)
+    while remaining:
+        ready = [label for label in remaining if before_count[label] == 0] or list(remaining)  # a longer cycle
+        label = min(ready, key=first.__getitem__)
+        order.append(label)
+        remaining.discard(label)
+        for later in after[label]:
+            before_count[later] -= 1
+    return order
 
 
 def inference_schema(output: Mapping[str, Any], dataset: DatasetSchema) -> dict[str, Any]:

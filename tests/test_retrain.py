@@ -109,7 +109,8 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert v1.lineage["data_fingerprint"] == data_fingerprint(str(train), valid)["data_fingerprint"]
     assert set(v1.lineage["metrics"]) == {"candidate"}
     # the held-out score is the training run's own best validation metric (same weights, same batches)
-    assert v1.lineage["metrics"]["candidate"]["eval_loss"] == v1.lineage["training"]["best_metric"]
+    # (training selects by eval_f1, the default; the comparison here uses eval_loss)
+    assert v1.lineage["metrics"]["candidate"]["eval_f1"] == v1.lineage["training"]["best_metric"]
     assert v1.lineage["comparison_data"] == "valid_data" and v1.lineage["comparison_records"] == 4
     assert "on valid_data (4 records, the data that also selected the candidate's best checkpoint)" in first["reason"]
     assert [e["event"] for e in events] == ["prefect-gliner2.model.promoted"]

@@ -14,6 +14,7 @@ from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS
 from prefect_gliner2.session_core.scoring import (
     Counts,
     DatasetSchema,
+    data_order,
     inference_schema,
     normalize_text,
     score_records,
@@ -247,3 +248,16 @@ def test_scoring_stays_torch_free():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_labels_are_asked_in_the_order_the_records_list_them():
+    # first appearance would be person, company, city; every record lists city before company
+    outputs = [
+        {"entities": {"person": ["Ann"], "company": ["Acme"]}},
+        {"entities": {"person": ["Bo"], "city": ["Rome"], "company": ["Initech"], "day": ["Monday"]}},
+        {"entities": {"city": ["Oslo"]}},
+    ]
+    assert list(DatasetSchema.of(outputs).entities) == ["person", "city", "company", "day"]
+    assert data_order([["b", "c"], ["a", "b"]]) == ["a", "b", "c"]
+    assert data_order([["a", "b"], ["b", "a"], ["c"]]) == ["a", "b", "c"]  # records disagree: first appearance
+    assert data_order([]) == []
