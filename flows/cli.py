@@ -360,7 +360,8 @@ def _describe(summary: dict[str, Any]) -> str:
         f"run {summary['run_key']}: {summary.get('total_steps')} steps, {summary.get('total_epochs')} epoch(s)"
         + (", stopped early" if summary.get("stopped_early") else ""),
         f"  model ({summary.get('label')} weights): {summary.get('export')}",
-        f"  best {summary.get('metric_for_best')}: {best if best is not None else 'n/a (no validation data)'}",
+        f"  best {summary.get('metric_for_best')}: "
+        + (f"{best:.4f} at step {summary.get('best_step')}" if best is not None else "n/a (no validation data)"),
         f"  checkpoints: {summary.get('checkpoints')} (newest {summary.get('checkpoint')})",
         f"  run directory: {summary.get('run_dir')}",
     ]

@@ -182,12 +182,14 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
 
 
 def _swapped(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Bad training data: people labelled as cities and cities as people."""
+    """Bad training data: people labelled as cities and cities as people (labels kept in their usual order)."""
     swap = {"person": "city", "city": "person"}
-    return [
-        {"input": r["input"], "output": {"entities": {swap.get(k, k): v for k, v in r["output"]["entities"].items()}}}
-        for r in records
-    ]
+    out = []
+    for record in records:
+        entities = record["output"]["entities"]
+        swapped = {label: entities.get(swap.get(label, label)) for label in ("person", "city", "company", "day")}
+        out.append({"input": record["input"], "output": {"entities": {k: v for k, v in swapped.items() if v}}})
+    return out
 
 
 def test_promotion_follows_extraction_f1_on_test_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -195,21 +197,21 @@ def test_promotion_follows_extraction_f1_on_test_data(tmp_path: Path, monkeypatc
     monkeypatch.setattr(retrain, "emit_event", lambda **kw: None)
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(16, seed=99))
     test = write_jsonl(tmp_path / "test.jsonl", tiny_records(16, seed=98))
-    learns = config(batch_size=8, gradient_accumulation_steps=1, num_epochs=8, encoder_lr=5e-3, task_lr=2e-2)
+    learns = config(batch_size=8, gradient_accumulation_steps=1, num_epochs=12, encoder_lr=5e-3, task_lr=2e-2)
     registry = ModelRegistry(str(tmp_path / "registry"), NAME)
 
     def run(train: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
         path = write_jsonl(tmp_path / f"train-{len(registry.versions())}.jsonl", train)
-        params = dict(metric="eval_f1", config=learns, test_data=test, **overrides)
+        params = {"metric": "eval_f1", "config": learns, "test_data": test, **overrides}
         return _retrain(tmp_path, path, valid, **params)
 
-    first = run(tiny_records(48, seed=1))
+    first = run(tiny_records(96, seed=1))
     v1 = registry.get(first["version"])
     assert first["status"] == "promoted" and v1.lineage["comparison_data"] == "test_data"
     assert v1.lineage["metrics"]["candidate"]["eval_f1"] > 0.0  # it extracts
     assert v1.lineage["metrics"]["candidate"]["examples"] == 16
 
-    worse = run(_swapped(tiny_records(48, seed=2)))
+    worse = run(_swapped(tiny_records(64, seed=2)), config={**learns, "num_epochs": 10})
     scores = worse["metrics"]
     assert scores["candidate"]["eval_f1"] < scores["current"]["eval_f1"]
     assert (worse["status"], worse["current"]) == ("rejected", first["version"])
@@ -218,7 +220,7 @@ def test_promotion_follows_extraction_f1_on_test_data(tmp_path: Path, monkeypatc
     assert "on test_data (16 records)" in worse["reason"]
     assert scores["current"]["eval_f1"] == v1.lineage["metrics"]["candidate"]["eval_f1"]  # same data, same score
 
-    better = run(tiny_records(96, seed=3), config={**learns, "num_epochs": 10})
+    better = run(tiny_records(160, seed=3))
     scores = better["metrics"]
     assert scores["candidate"]["eval_f1"] > scores["current"]["eval_f1"] > 0.0
     assert (better["status"], better["current"], better["previous"]) == ("promoted", better["version"], "v000001")
