@@ -4,10 +4,12 @@
                           --storage DIR_OR_URL --export DIR
     prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
     prefect-gliner2 demo  [--dir DIR]
+    prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
 
 ``train`` runs the training flow through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral
 server. Re-running the same command after a crash resumes exactly. Bad arguments exit with status 2 and a message
-saying what to fix; a failed run exits with 1.
+saying what to fix; a failed run exits with 1. ``evaluate`` scores a model's extractions on gold records (per-label
+precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in this process.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect."
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,plan,demo}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,plan,demo,evaluate}")
     train = commands.add_parser("train", help="train (or resume) a run through the Prefect flow")
     _data_arguments(train, config_required=True)
     train.add_argument("--run-key", help="names the run directory; the same key resumes (default: from the plan)")
@@ -68,6 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train the built-in tiny model on generated data, offline")
     demo.add_argument("--dir", default="prefect-gliner2-demo", help="where data, runs and the model go")
     demo.set_defaults(handler=_demo)
+    evaluate = commands.add_parser("evaluate", help="precision, recall and F1 of a model's extractions on gold records")
+    evaluate.add_argument(
+        "--model", required=True, help="an exported model directory (or tiny:span, a Hugging Face id)"
+    )
+    evaluate.add_argument("--data", required=True, action="append", help="gold JSONL path or URL (repeatable)")
+    evaluate.add_argument("--threshold", type=_threshold, default=0.5, help="span threshold in [0, 1] (default 0.5)")
+    evaluate.add_argument("--batch-size", type=_positive, default=8, help="texts per inference batch (default 8)")
+    evaluate.add_argument("--json", dest="json_out", help="also write the report (metrics, totals, per label) here")
+    evaluate.set_defaults(handler=_evaluate)
     return parser
 
 
@@ -82,6 +93,16 @@ def _positive(text: str) -> int:
     value = _non_negative(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
 
 
@@ -210,11 +231,77 @@ def _plan(args: Any) -> int:
 
 
 def _demo(args: Any) -> int:
-    from prefect_gliner2.flows.demo import run_demo
+    from prefect_gliner2.flows.demo import demo_report, run_demo
 
     summary = run_demo(args.dir)
     print(_describe(summary))
+    print(demo_report(summary["demo"]))
     return 0
+
+
+def _evaluate(args: Any) -> int:
+    import fsspec
+
+    from prefect_gliner2.runtime.model_sources import check_model_source
+    from prefect_gliner2.session_core.pairs import to_pairs
+    from prefect_gliner2.session_core.records import load_records
+
+    check_model_source(args.model)
+    for path in args.data:
+        fs, local = fsspec.core.url_to_fs(path)
+        if not fs.exists(local):
+            raise UsageError(f"data {path!r} does not exist; pass a JSONL file of gold records (path or URL)")
+    pairs = to_pairs(load_records(_one(args.data), what="evaluation").examples())
+    if args.json_out and os.path.isdir(args.json_out):
+        raise UsageError(f"--json {args.json_out!r} is a directory; pass a file path for the JSON report")
+    report = _score_model(args.model, pairs, threshold=args.threshold, batch_size=args.batch_size)
+    payload = {"model": args.model, "data": args.data, "threshold": args.threshold, **report.to_dict()}
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=1)
+    print(_report_table(payload))
+    return 0
+
+
+def _score_model(source: str, pairs: list[Any], *, threshold: float, batch_size: int) -> Any:
+    from prefect_gliner2.session_core.evaluation import model_extractor, score_extraction
+
+    model = _load_for_evaluation(source)
+    return score_extraction(pairs, model_extractor(model, threshold=threshold, batch_size=batch_size))
+
+
+def _load_for_evaluation(source: str) -> Any:
+    from prefect_gliner2.runtime.model_sources import load_model
+    from prefect_gliner2.session_core.weights import load_exported_model
+
+    directory = os.path.expanduser(source)
+    if os.path.isdir(directory):
+        if not os.path.isfile(os.path.join(directory, "config.json")):
+            raise UsageError(
+                f"--model {source!r} has no config.json: pass a directory written by export (or save_pretrained)"
+            )
+        return load_exported_model(directory)
+    return load_model(source)
+
+
+def _report_table(report: dict[str, Any]) -> str:
+    """Per-label precision, recall, F1 and support, then the totals."""
+    rows = [(r["kind"], r["label"], r) for r in report["per_label"]]
+    width = max([len(f"{k}/{label}") for k, label, _ in rows] + [len("all (micro)")])
+    head = f"{'label':<{width}}  precision  recall      F1  support"
+
+    def line(name: str, row: dict[str, Any]) -> str:
+        return f"{name:<{width}}  {row['precision']:9.4f}  {row['recall']:6.4f}  {row['f1']:6.4f}  {row['support']:7d}"
+
+    lines = [head, *(line(f"{k}/{label}", r) for k, label, r in rows), "-" * len(head)]
+    lines.append(line("all (micro)", report["total"]))
+    metrics = report["metrics"]
+    lines.append(
+        f"macro F1 {metrics['eval_macro_f1']:.4f} over {len(rows)} label(s); {report['records']} records, "
+        f"threshold {report['threshold']}; tp {report['total']['tp']}, fp {report['total']['fp']}, "
+        f"fn {report['total']['fn']}"
+    )
+    return "\n".join(lines)
 
 
 class ProgressBar:
@@ -233,9 +320,13 @@ class ProgressBar:
             self.loss = data.get("loss", self.loss)
             self._draw(data, final=False)
         elif kind == "validation" and data.get("metrics"):
-            self._line(
-                f"validation at step {data['metrics'].get('step')}: eval_loss {data['metrics'].get('eval_loss'):.6g}"
+            metrics = data["metrics"]
+            scores = (
+                f"F1 {metrics['eval_f1']:.4f} (P {metrics['eval_precision']:.4f}, R {metrics['eval_recall']:.4f}), "
+                if "eval_f1" in metrics
+                else ""
             )
+            self._line(f"validation at step {metrics.get('step')}: {scores}eval_loss {metrics.get('eval_loss'):.6g}")
         elif kind == "checkpoint" and data.get("committed"):
             self._line(f"checkpoint {data.get('name')} committed")
 
@@ -271,7 +362,8 @@ def _describe(summary: dict[str, Any]) -> str:
         f"run {summary['run_key']}: {summary.get('total_steps')} steps, {summary.get('total_epochs')} epoch(s)"
         + (", stopped early" if summary.get("stopped_early") else ""),
         f"  model ({summary.get('label')} weights): {summary.get('export')}",
-        f"  best {summary.get('metric_for_best')}: {best if best is not None else 'n/a (no validation data)'}",
+        f"  best {summary.get('metric_for_best')}: "
+        + (f"{best:.4f} at step {summary.get('best_step')}" if best is not None else "n/a (no validation data)"),
         f"  checkpoints: {summary.get('checkpoints')} (newest {summary.get('checkpoint')})",
         f"  run directory: {summary.get('run_dir')}",
     ]

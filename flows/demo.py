@@ -1,11 +1,13 @@
-"""The bundled demo: train the built-in tiny span model on generated records through the training flow, offline.
+"""The bundled demo: train a built-in tiny span model on generated records through the training flow, offline, and
+show that it learned: held-out F1 before and after, and a few extractions.
 
     prefect-gliner2 demo --dir ./demo
     # or: python -c "from prefect_gliner2.flows.demo import run_demo; run_demo('./demo')"
 
-It writes ``data/train.jsonl``, ``data/valid.jsonl`` and ``config.yaml`` under the directory, trains run key
-``demo`` with run directories under ``runs/`` and exports the selected model to ``model/``. Running it again finds
-the finished run and returns at once; delete the directory to start over.
+It writes ``data/train.jsonl``, ``data/valid.jsonl`` (validation: picks the best checkpoint by F1),
+``data/test.jsonl`` (held out: only scored) and ``config.yaml`` under the directory, trains run key ``demo`` with
+run directories under ``runs/`` and exports the selected model to ``model/``. Running it again finds the finished
+run and returns at once (the scoring runs again); delete the directory to start over.
 """
 
 from __future__ import annotations
@@ -14,38 +16,36 @@ import json
 import os
 from typing import Any
 
-__all__ = ["DEMO_CONFIG", "run_demo", "write_demo_inputs"]
+__all__ = ["DEMO_CONFIG", "DEMO_MODEL", "DEMO_SIZES", "demo_report", "run_demo", "write_demo_inputs"]
 
+DEMO_MODEL = "tiny:span:64x2"
+DEMO_SIZES: dict[str, int] = {"train": 300, "valid": 40, "test": 60, "examples": 3}
 DEMO_CONFIG: dict[str, Any] = {
     "fp16": False,
     "bf16": False,
-    "num_epochs": 2,
-    "batch_size": 4,
-    "gradient_accumulation_steps": 2,
+    "num_epochs": 12,
+    "batch_size": 8,
+    "gradient_accumulation_steps": 1,
     "eval_strategy": "epoch",
     "encoder_lr": 1e-3,
     "task_lr": 2e-3,
     "warmup_ratio": 0.1,
     "seed": 7,
 }
+_SEEDS = {"train": 1, "valid": 2, "test": 3}
 
 
-def write_demo_inputs(directory: str, *, train_records: int = 32, valid_records: int = 8) -> dict[str, str]:
+def write_demo_inputs(directory: str) -> dict[str, str]:
     """Generate the demo dataset and config (deterministic); returns their paths."""
     from prefect_gliner2.session_core.tiny import tiny_records
 
     data = os.path.join(directory, "data")
     os.makedirs(data, exist_ok=True)
-    paths = {
-        "train": os.path.join(data, "train.jsonl"),
-        "valid": os.path.join(data, "valid.jsonl"),
-        "config": os.path.join(directory, "config.yaml"),
-    }
-    for key, records in (
-        ("train", tiny_records(train_records, seed=1)),
-        ("valid", tiny_records(valid_records, seed=2)),
-    ):
+    paths = {key: os.path.join(data, f"{key}.jsonl") for key in _SEEDS}
+    paths["config"] = os.path.join(directory, "config.yaml")
+    for key, seed in _SEEDS.items():
         with open(paths[key], "w", encoding="utf-8") as handle:
+            records = tiny_records(DEMO_SIZES[key], seed=seed)
             handle.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     with open(paths["config"], "w", encoding="utf-8") as handle:
         handle.writelines(f"{key}: {json.dumps(value)}\n" for key, value in DEMO_CONFIG.items())
@@ -53,29 +53,90 @@ def write_demo_inputs(directory: str, *, train_records: int = 32, valid_records:
 
 
 def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
-    """Run the demo flow; returns the flow's summary (``export`` is the trained model)."""
+    """Score the untrained model on the held-out records, run the demo flow, score the exported model; returns the
+    flow's summary plus ``demo`` (held-out metrics before and after, example extractions)."""
     from prefect_gliner2.flows.params import TrainingSettings
     from prefect_gliner2.flows.train import train_flow
     from prefect_gliner2.runtime.errors import RunConflictError
+    from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.session_core import TrainingConfig
 
     directory = os.path.abspath(directory)
     paths = write_demo_inputs(directory)
     config = TrainingConfig.from_file(paths["config"])
+    before = _score(load_model(DEMO_MODEL), paths["test"], config)
     try:
-        return train_flow(
-            model="tiny:span",
+        summary = train_flow(
+            model=DEMO_MODEL,
             train_data=paths["train"],
             valid_data=paths["valid"],
             config=TrainingSettings.model_validate(config),
             run_key="demo",
             storage=os.path.join(directory, "runs"),
             export_to=os.path.join(directory, "model"),
-            checkpoint_every=4,
-            batches_per_task=1,
+            checkpoint_every=0,
+            batches_per_task=8,
         )
     except RunConflictError as exc:
         raise RunConflictError(
             f"the demo directory {directory} holds a demo run with a different plan (made by another version of "
             f"prefect-gliner2?): delete that directory to start the demo over, or pass another --dir. ({exc})"
         ) from exc
+    from prefect_gliner2.session_core.weights import load_exported_model
+
+    after = _score(load_exported_model(str(summary["export"])), paths["test"], config, examples=DEMO_SIZES["examples"])
+    return {**summary, "demo": {"test_data": paths["test"], "before": before, "after": after}}
+
+
+def _score(model: Any, test_data: str, config: Any, *, examples: int = 0) -> dict[str, Any]:
+    """Held-out scores of `model` with gliner2's batched inference, plus the first `examples` extractions."""
+    from prefect_gliner2.session_core.evaluation import model_extractor, score_extraction
+    from prefect_gliner2.session_core.pairs import to_pairs
+    from prefect_gliner2.session_core.records import load_records
+
+    pairs = to_pairs(load_records(test_data, what="held-out").examples())
+    extract = model_extractor(model, threshold=config.eval_threshold, batch_size=config.eval_batch_size)
+    shown: list[dict[str, Any]] = []
+
+    def keep(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        predictions = extract(texts, schemas)
+        shown.extend(
+            {"text": t, "predicted": p.get("entities", {})} for t, p in zip(texts[:examples], predictions, strict=False)
+        )
+        return predictions
+
+    report = score_extraction(pairs, keep)
+    for item, (_, gold) in zip(shown, pairs, strict=False):
+        item["gold"] = gold.get("entities", {})
+    total = report.total()
+    return {
+        **report.metrics(),
+        "records": report.records,
+        "tp": total.tp,
+        "fp": total.fp,
+        "fn": total.fn,
+        "examples": shown,
+    }
+
+
+def demo_report(demo: dict[str, Any]) -> str:
+    """What the demo prints at the end: held-out F1 before and after training, and example extractions."""
+    before, after = demo["before"], demo["after"]
+    lines = [
+        f"held-out F1 on {after['records']} unseen records ({demo['test_data']}):",
+        f"  before training: F1 {before['eval_f1']:.3f} (precision {before['eval_precision']:.3f}, "
+        f"recall {before['eval_recall']:.3f})",
+        f"  after training:  F1 {after['eval_f1']:.3f} (precision {after['eval_precision']:.3f}, "
+        f"recall {after['eval_recall']:.3f}; {after['tp']} correct, {after['fp']} wrong, {after['fn']} missed)",
+        "example extractions by the trained model:",
+    ]
+    for item in after["examples"]:
+        lines.append(f"  text:      {item['text']}")
+        lines.append(f"  extracted: {_entities(item['predicted'])}")
+        lines.append(f"  gold:      {_entities(item['gold'])}")
+    return "\n".join(lines)
+
+
+def _entities(entities: dict[str, Any]) -> str:
+    found = [f"{label}: {', '.join(map(str, values))}" for label, values in entities.items() if values]
+    return "; ".join(found) or "(nothing)"

@@ -16,25 +16,42 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.config import DEFAULT_LORA_TARGET_MODULES
 from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.metrics import EVAL_KEYS, greater_is_better_for
 
 __all__ = ["FIXED_FIELDS", "METRICS", "AdvancedSettings", "TrainingSettings"]
 
-# The validation metrics the managed driver computes (session_core.managed.EVAL_KEYS, which imports torch).
-METRICS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")
-Metric = Literal["eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss"]
+# The validation metrics the managed driver computes (session_core.metrics), plus "auto" (the config's default).
+METRICS = EVAL_KEYS
+Metric = Literal[
+    "auto",
+    "eval_f1",
+    "eval_precision",
+    "eval_recall",
+    "eval_entity_f1",
+    "eval_relation_f1",
+    "eval_classification_f1",
+    "eval_structure_f1",
+    "eval_macro_f1",
+    "eval_loss",
+    "eval_classification_loss",
+    "eval_structure_loss",
+    "eval_count_loss",
+]
+assert set(get_args(Metric)) == {"auto", *EVAL_KEYS}, "the form offers every metric validation computes"
 
 # TrainingConfig fields the form does not offer: refused, fixed to the one accepted value, or meaningless here.
 FIXED_FIELDS: frozenset[str] = frozenset(
     {
         "fp16",
         "bf16",
+        "greater_is_better",  # follows metric_for_best: higher for precision/recall/F1, lower for losses
         "output_dir",
         "num_workers",
         "local_rank",
@@ -145,9 +162,15 @@ class TrainingSettings(_Form):
         description="When to validate (needs valid_data): every epoch, every eval_steps updates, or never.",
     )
     eval_steps: int = Field(default=500, ge=1, description="Validate every N updates when eval_strategy is steps.")
-    metric_for_best: Metric = Field(default="eval_loss", description="Validation metric that selects the best model.")
-    greater_is_better: bool = Field(
-        default=False, description="Whether a higher metric_for_best is better (losses: no)."
+    eval_extraction: bool = Field(
+        default=True,
+        description="Validation also extracts with the live model and scores precision, recall and F1 per label.",
+    )
+    eval_threshold: Fraction = Field(default=0.5, description="Span threshold of validation's extraction.")
+    metric_for_best: Metric = Field(
+        default="auto",
+        description="Validation metric that selects the best model and drives early stopping; auto is eval_f1 "
+        "(eval_loss when eval_extraction is off). Higher is better for precision, recall and F1, lower for losses.",
     )
     save_best: bool = Field(default=True, description="Keep the best validation model and export it.")
     early_stopping: bool = Field(default=False, description="Stop when the metric stops improving (needs validation).")
@@ -177,6 +200,8 @@ class TrainingSettings(_Form):
     def _validate_with_training_config(self) -> TrainingSettings:
         names = [name for name in type(self).model_fields if name not in ("precision", "advanced")]
         values = {name: getattr(self, name) for name in names}
+        if values.get("metric_for_best") == "auto":
+            values["metric_for_best"] = None  # the config's default: eval_f1, or eval_loss without extraction
         try:
             self._config = TrainingConfig(
                 **values, **self.advanced.model_dump(), fp16=False, bf16=self.precision == "bf16"
@@ -211,6 +236,11 @@ def _from_training_config(config: TrainingConfig) -> dict[str, Any]:
         raise ValueError(
             f"output_dir={config.output_dir!r} is not used by training flows (a run lives in STORAGE/RUN_KEY and "
             "exports to export_to); remove output_dir from the config"
+        )
+    if config.greater_is_better != greater_is_better_for(str(config.metric_for_best)):
+        raise ValueError(
+            f"greater_is_better={config.greater_is_better} contradicts metric_for_best={config.metric_for_best!r} "
+            "(higher is better for precision, recall and F1, lower for losses); leave greater_is_better unset"
         )
     values = config.to_dict()
     form = {k: v for k, v in values.items() if k not in FIXED_FIELDS and k not in _ADVANCED}

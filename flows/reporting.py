@@ -26,8 +26,17 @@ from typing import Any
 from uuid import UUID
 
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, LOSS_KEYS
 
-__all__ = ["RunReporter", "add_listener", "artifact_key", "remove_listener", "rounded", "validation_rows"]
+__all__ = [
+    "RunReporter",
+    "add_listener",
+    "artifact_key",
+    "remove_listener",
+    "rounded",
+    "summary_markdown",
+    "validation_rows",
+]
 
 logger = logging.getLogger(__name__)
 NAME_LABEL = "prefect-gliner2.flow-run-name"  # the name Prefect generated (the run name shows the position)
@@ -36,15 +45,7 @@ RESUMED_BY_LABEL = "prefect-gliner2.resumed-by"  # on that earlier run: the flow
 Listener = Callable[[str, dict[str, Any]], None]
 Job = Callable[[Any], Any]  # called with the lane's SyncPrefectClient
 _LISTENERS: list[Listener] = []
-_TABLE_KEYS = (
-    "step",
-    "epoch",
-    "batch",
-    "eval_loss",
-    "eval_classification_loss",
-    "eval_structure_loss",
-    "eval_count_loss",
-)
+DIGITS = 4  # P/R/F1 cells show DIGITS - 1 decimals; other numbers DIGITS + 2 significant digits
 
 
 def add_listener(listener: Listener) -> None:
@@ -363,28 +364,53 @@ def _run_logger() -> Any:
         return logger
 
 
+def _rounded(value: Any) -> Any:
+    """Numbers to DIGITS + 2 significant digits (what people read in tables and summaries)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return rounded(float(value), DIGITS + 2)
+    return value
+
+
+def _prf(row: dict[str, Any]) -> str:
+    return " / ".join(f"{float(row[k]):.{DIGITS - 1}f}" for k in ("precision", "recall", "f1"))
+
+
 def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The validation table: one row per validation, 1-based epochs, rounded metrics."""
+    """The validation table: position (1-based epoch, as in the run name), overall P/R/F1 and the per-kind and macro
+    F1s that were measured, "P / R / F1" per label, then the native losses; rounded."""
     rows = []
     for entry in validations:
-        row = {k: rounded(entry.get(k)) for k in _TABLE_KEYS}
-        if isinstance(row.get("epoch"), (int, float)):
-            row["epoch"] = int(row["epoch"]) + 1
+        row: dict[str, Any] = {"step": entry.get("step"), "epoch": int(entry.get("epoch", 0)) + 1}
+        row["batch"] = entry.get("batch")
+        row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry})
+        for label in entry.get("per_label") or []:
+            name = label["label"] if label["kind"] == "entities" else f"{label['kind']}/{label['label']}"
+            row[f"{name} P / R / F1"] = _prf(label)
+        row.update({key: _rounded(entry.get(key)) for key in LOSS_KEYS})
         rows.append(row)
     return rows
 
 
 def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[dict[str, Any]]) -> str:
-    metric = summary.get("metric_for_best", "eval_loss")
+    metric = summary.get("metric_for_best", "eval_f1")
     best = summary.get("best_metric")
+    best_step = summary.get("best_step")
     lines = [
         f"# GLiNER2 training run `{run_key}`",
         "",
         f"- **model exported**: `{summary.get('export')}` ({summary.get('label')} weights)",
         f"- **steps**: {summary.get('total_steps')} over {summary.get('total_epochs')} epoch(s)"
         + (" — stopped early" if summary.get("stopped_early") else ""),
-        f"- **best {metric}**: {rounded(best) if best is not None else 'n/a (no validation)'}"
-        + (f" at step {summary.get('best_step')}" if summary.get("best_step") is not None else ""),
+        f"- **best {metric}**: {_rounded(best) if best is not None else 'n/a (no validation)'}"
+        + (f" at step {best_step}" if best_step is not None else ""),
+    ]
+    chosen = next((v for v in validations if v.get("step") == best_step), None)
+    if chosen is not None and "eval_f1" in chosen:
+        lines.append(
+            f"- **best F1**: {_rounded(chosen['eval_f1'])} at step {best_step} (precision "
+            f"{_rounded(chosen['eval_precision'])}, recall {_rounded(chosen['eval_recall'])})"
+        )
+    lines += [
         f"- **checkpoints**: `{summary.get('checkpoints')}` (newest `{summary.get('checkpoint')}`)",
         f"- **run directory**: `{summary.get('run_dir')}`",
     ]
@@ -396,6 +422,22 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
             f"{summary.get('checkpoint_bytes', 0) / 2**20:.1f} MiB ({summary.get('checkpoints_kept')} kept)"
         )
     if validations:
-        lines += ["", "| step | epoch | eval_loss |", "|---:|---:|---:|"]
-        lines += [f"| {v['step']} | {v['epoch']} | {v['eval_loss']} |" for v in validation_rows(validations)]
+        extraction = "eval_f1" in validations[0]
+        head = "| step | epoch | " + ("precision | recall | F1 | " if extraction else "") + "eval_loss |"
+        lines += ["", head, "|---:|---:|" + ("---:|---:|---:|" if extraction else "") + "---:|"]
+        for v in validations:
+            scores = " | ".join(str(_rounded(v[k])) for k in ("eval_precision", "eval_recall", "eval_f1"))
+            lines.append(
+                f"| {v.get('step')} | {int(v.get('epoch', 0)) + 1} | "
+                + (f"{scores} | " if extraction else "")
+                + f"{v.get('eval_loss'):.6g} |"
+            )
+    if chosen is not None and chosen.get("per_label"):
+        lines += ["", f"Per label at step {best_step}:", "", "| kind | label | precision | recall | F1 | support |"]
+        lines.append("|---|---|---:|---:|---:|---:|")
+        for row in chosen["per_label"]:
+            lines.append(
+                f"| {row['kind']} | {row['label']} | {_rounded(row['precision'])} | {_rounded(row['recall'])} | "
+                f"{_rounded(row['f1'])} | {row['support']} |"
+            )
     return "\n".join(lines) + "\n"

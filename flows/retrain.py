@@ -13,9 +13,10 @@ was trained from the same inputs, it finishes at once ("nothing to do"). Otherwi
 ``train_flow`` (a subflow) starting from the current production model's weights (fresh optimizer and schedule; the
 base model for the first version), under a run key derived from the model name, the inputs fingerprint and the
 starting version, so a crashed retrain resumes that run (and changed settings never collide with it). Candidate
-and current model are scored on the same held-out records in a child process; the candidate is registered with its
-lineage either way and CURRENT moves only when it beats the current model by `margin` (the first candidate is
-always promoted).
+and current model are scored on the same held-out records (``test_data``, else ``valid_data``) in a child process,
+by extraction F1 unless another ``metric`` is named; the candidate is registered with its lineage either way and
+CURRENT moves only when it beats the current model by ``margin`` (the first candidate is always promoted; a
+candidate with F1 0 never replaces a model whose F1 is not 0).
 Importing this module does not import torch.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
@@ -35,12 +37,11 @@ from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.reporting import artifact_key
 from prefect_gliner2.flows.train import default_storage, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
+from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, EVAL_KEYS, greater_is_better_for
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.tasks.heldout import evaluate_models
 
 __all__ = ["data_fingerprint", "decide", "inputs_fingerprint", "retrain_flow", "retrain_run_key"]
-
-EVAL_KEYS = ("eval_loss", "eval_classification_loss", "eval_structure_loss", "eval_count_loss")  # managed.EVAL_KEYS
 
 
 def data_fingerprint(train_data: str | list[str], valid_data: str | list[str]) -> dict[str, Any]:
@@ -63,16 +64,36 @@ def retrain_run_key(model_name: str, fingerprint: str, base: ModelVersion | None
     return f"retrain-{model_name[:64]}-{fingerprint[:16]}-{base.version if base is not None else 'base'}"
 
 
-def decide(candidate: float, current: float | None, *, greater_is_better: bool, margin: float) -> tuple[bool, str]:
-    """Whether the candidate replaces the current model, and why (in words)."""
+def decide(
+    candidate: Mapping[str, Any],
+    current: Mapping[str, Any] | None,
+    *,
+    metric: str = DEFAULT_METRIC,
+    greater_is_better: bool = True,
+    margin: float = 0.0,
+    data: str = "valid_data",
+) -> tuple[bool, str]:
+    """Whether the candidate replaces the current model, and why in words: both models' F1 (and the metric when it
+    is another one) and the data they were measured on. A candidate whose F1 is 0 never replaces a model whose F1
+    is not, whatever the metric says."""
+    scores = f"candidate {_describe(candidate, metric)}"
     if current is None:
-        return True, "there is no current model: the first candidate is promoted"
-    better = candidate > current + margin if greater_is_better else candidate < current - margin
+        return True, f"there is no current model: the first candidate is promoted ({scores}, on {data})"
+    scores += f", current model {_describe(current, metric)}, on {data}"
+    if candidate.get("eval_f1") == 0.0 and float(current.get("eval_f1") or 0.0) > 0.0:
+        return False, f"{scores}: a candidate that extracts nothing correct (F1 0) never replaces one that does"
+    value, reference = float(candidate[metric]), float(current[metric])
+    better = value > reference + margin if greater_is_better else value < reference - margin
     relation = "above" if greater_is_better else "below"
     verdict = "is" if better else "is not"
-    return better, (
-        f"candidate {candidate:.6g} {verdict} more than {margin:g} {relation} the current model's {current:.6g}"
-    )
+    return better, f"{scores}: the candidate's {metric} {verdict} more than {margin:g} {relation} the current model's"
+
+
+def _describe(scores: Mapping[str, Any], metric: str) -> str:
+    parts = [f"F1 {float(scores['eval_f1']):.4f}"] if "eval_f1" in scores else []
+    if metric != "eval_f1":
+        parts.append(f"{metric} {float(scores[metric]):.6g}")
+    return " / ".join(parts)
 
 
 @flow(name="gliner2-retrain", persist_result=False)
@@ -83,9 +104,10 @@ def retrain_flow(
     registry_root: str,
     base_model: str,
     config: TrainingSettings,
-    metric: str = "eval_loss",
-    greater_is_better: bool = False,
+    metric: str = DEFAULT_METRIC,
+    greater_is_better: bool | None = None,
     margin: Annotated[float, Field(ge=0)] = 0.0,
+    test_data: str | list[str] | None = None,
     storage: str | None = None,
     checkpoint_every: Annotated[int, Field(ge=0)] = 100,
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
@@ -97,13 +119,17 @@ def retrain_flow(
     Args:
         model_name: The model's name in the registry (also names the run keys and the promotion event).
         train_data: JSONL path(s) or fsspec URL(s) of the training records.
-        valid_data: JSONL path(s) or URL(s) of held-out records: validation during training and the comparison.
+        valid_data: JSONL path(s) or URL(s) of held-out records: validation (best checkpoint) during training, and
+            the candidate-vs-current comparison when `test_data` is not given (recorded in lineage and decision).
         registry_root: Local directory or fsspec URL of the model registry.
         base_model: Model source the first version starts from (a directory, a Hugging Face id or "tiny:span").
         config: Training settings of every retraining run.
-        metric: Promotion metric, one of eval_loss, eval_classification_loss, eval_structure_loss, eval_count_loss.
-        greater_is_better: Whether a higher metric is better (losses: no).
+        metric: Promotion metric: eval_f1 (default), eval_precision, eval_recall, eval_entity_f1,
+            eval_relation_f1, eval_classification_f1, eval_structure_f1, eval_macro_f1, or a loss (eval_loss, ...).
+        greater_is_better: Whether a higher metric is better (default: yes for P/R/F1, no for losses).
         margin: How much better than the current model the candidate must be to be promoted.
+        test_data: JSONL path(s) or URL(s) of separate held-out records for the comparison, so it does not reuse
+            the data that selected the candidate's best checkpoint.
         storage: Where run directories live (default: $PREFECT_GLINER2_STORAGE or ~/.prefect-gliner2/runs).
         checkpoint_every: Checkpoint after every N optimizer updates (0: only at epoch ends).
         cpu_threads: Torch threads in the training and evaluation processes.
@@ -111,7 +137,9 @@ def retrain_flow(
     """
     logger = get_run_logger()
     if metric not in EVAL_KEYS:
-        raise ValueError(f"metric {metric!r} is not one of {list(EVAL_KEYS)}")
+        raise ValueError(f"metric {metric!r} is not one of {list(EVAL_KEYS)}; pick one of those (default eval_f1)")
+    if greater_is_better is None:
+        greater_is_better = greater_is_better_for(metric)
     registry = ModelRegistry(registry_root, model_name)
     _label_run({"prefect-gliner2.model": model_name})
     data = data_fingerprint(train_data, valid_data)
@@ -147,14 +175,17 @@ def retrain_flow(
     models = {"candidate": str(summary["export"])}
     if current is not None:
         models["current"] = current.uri
+    comparison = _comparison(test_data, valid_data)
     scores = evaluate_models(
-        models, base_model, valid_data, training.to_dict(), cpu_threads=cpu_threads or 1, device=device
+        models, base_model, comparison["data"], training.to_dict(), cpu_threads=cpu_threads or 1, device=device
     )
     promote, reason = decide(
-        scores["candidate"][metric],
-        scores["current"][metric] if current is not None else None,
+        scores["candidate"],
+        scores.get("current") if current is not None else None,
+        metric=metric,
         greater_is_better=greater_is_better,
         margin=margin,
+        data=comparison["description"],
     )
     lineage = {
         **data,
@@ -172,6 +203,9 @@ def retrain_flow(
         "metric": metric,
         "greater_is_better": greater_is_better,
         "margin": margin,
+        "comparison_data": comparison["source"],
+        "comparison_records_sha256": comparison["sha256"],
+        "comparison_records": comparison["records"],
         "metrics": {label: _metrics(values) for label, values in scores.items()},
         "training": {k: summary.get(k) for k in ("total_steps", "best_metric", "best_step", "label")},
         "promoted": promote,
@@ -238,8 +272,23 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
     return Completed(message=message, data=outcome)
 
 
+def _comparison(test_data: str | list[str] | None, valid_data: str | list[str]) -> dict[str, Any]:
+    """Which records the candidate and the current model are compared on, described for lineage and decision."""
+    source, data = ("test_data", test_data) if test_data is not None else ("valid_data", valid_data)
+    records = load_records(data, what="test" if test_data is not None else "validation")
+    count = len(records)
+    note = "" if test_data is not None else ", the data that also selected the candidate's best checkpoint"
+    return {
+        "source": source,
+        "data": data,
+        "sha256": records.digest_hex,
+        "records": count,
+        "description": f"{source} ({count} records{note})",
+    }
+
+
 def _metrics(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: values[k] for k in (*EVAL_KEYS, "examples", "uri") if k in values}
+    return {k: values[k] for k in (*EVAL_KEYS, "per_label", "examples", "uri") if k in values}
 
 
 def _emit_decision(
@@ -285,9 +334,10 @@ def _report(outcome: dict[str, Any], metric: str) -> None:
             "metric": key,
             "candidate": candidate.get(key),
             "current": current.get(key),
-            "difference": (candidate[key] - current[key]) if key in current else None,
+            "difference": (candidate[key] - current[key]) if key in current and key in candidate else None,
         }
         for key in EVAL_KEYS
+        if key in candidate
     ]
     create_table_artifact(
         key=artifact_key(f"model-{name}", "comparison"),
@@ -299,14 +349,19 @@ def _report(outcome: dict[str, Any], metric: str) -> None:
         key=artifact_key(f"model-{name}", "retrain"),
         markdown=(
             f"## Retraining {name}: {outcome['version']} {decision}\n\n{outcome['reason']} ({metric}).\n\n"
-            f"| | version | {metric} |\n|---|---|---|\n"
-            f"| candidate | {outcome['version']} | {candidate.get(metric)} |\n"
-            f"| current | {outcome['previous']} | {current.get(metric)} |\n\n"
+            f"| | version | F1 | precision | recall | {metric} |\n|---|---|---:|---:|---:|---:|\n"
+            f"| candidate | {outcome['version']} | {_cells(candidate, metric)} |\n"
+            f"| current | {outcome['previous']} | {_cells(current, metric)} |\n\n"
             f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
             f"`{outcome['data_fingerprint'][:16]}`.\n"
         ),
         description=f"{name} retraining decision",
     )
+
+
+def _cells(scores: Mapping[str, Any], metric: str) -> str:
+    keys = ("eval_f1", "eval_precision", "eval_recall", metric)
+    return " | ".join("" if scores.get(k) is None else f"{float(scores[k]):.4g}" for k in keys)
 
 
 def _flow_run_id() -> str | None:

@@ -107,11 +107,12 @@ def load_model(source: str) -> Any:
 
 def tiny_model_dir(architecture: str, hidden: int, layers: int) -> str:
     """The built-in tiny model as a directory in $PREFECT_GLINER2_CACHE (default ~/.cache/prefect-gliner2), built
-    once (deterministic bytes), so exported LoRA adapters name a base model directory that exists."""
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    once (deterministic bytes), so exported LoRA adapters name a base model directory that exists. The name carries
+    the builders' revision: a directory built by an older revision (a random count head) is never reused."""
+    from prefect_gliner2.session_core.tiny import TINY_MODEL_REVISION, save_tiny_model
 
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "prefect-gliner2")
-    path = os.path.join(cache, f"tiny-{architecture}-{hidden}x{layers}-seed0")
+    path = os.path.join(cache, f"tiny-{architecture}-{hidden}x{layers}-seed0-{TINY_MODEL_REVISION}")
     if not os.path.isfile(os.path.join(path, MODEL_WEIGHTS_FILE)):
         os.makedirs(cache, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tiny-{architecture}-", dir=cache)

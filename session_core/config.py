@@ -18,10 +18,14 @@ from typing import Any
 import fsspec
 
 from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, greater_is_better_for, is_extraction_metric
 
-__all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "TrainingConfig"]
+__all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "OWN_FIELDS", "TrainingConfig"]
 
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = ("encoder", "span_rep", "classifier", "count_embed", "count_pred")
+
+# Our own fields: not part of gliner2's native TrainingConfig.
+OWN_FIELDS: frozenset[str] = frozenset({"eval_extraction", "eval_threshold"})
 
 # Fields that change neither the batch schedule nor the numerics: excluded from fingerprint_fields().
 NON_FINGERPRINT_FIELDS: frozenset[str] = frozenset({"output_dir", "experiment_name", "logging_steps"})
@@ -45,6 +49,13 @@ class TrainingConfig:
     - ``deterministic=True``, ``allow_tf32=False``, ``float32_matmul_precision="highest"``: bitwise-equal
       continuation needs deterministic kernels and true FP32 matmuls (native: False / True / "high").
     - ``lora_target_modules`` is a tuple (a list is accepted and converted).
+    - Selection follows extraction quality: ``metric_for_best`` defaults to ``"eval_f1"`` (``"eval_loss"`` when
+      ``eval_extraction=False``) and ``greater_is_better`` to the metric's direction (higher for precision, recall
+      and F1, lower for losses); explicit values are kept.
+
+    Our own fields (not passed to gliner2's config): ``eval_extraction`` (validation also extracts with gliner2's
+    batched inference and scores precision/recall/F1; default True) and ``eval_threshold`` (the span threshold of
+    that inference, in [0, 1], default gliner2's 0.5).
 
     Refused outright (the session never drops data, changes precision or skips an update silently):
     fp16, distributed training (``local_rank != -1``), ``compile_model``, ``skip_step_errors``,
@@ -85,8 +96,8 @@ class TrainingConfig:
     eval_strategy: str = "epoch"
     eval_steps: int = 500
     save_best: bool = True
-    metric_for_best: str = "eval_loss"
-    greater_is_better: bool = False
+    metric_for_best: str | None = None  # resolved: "eval_f1", or "eval_loss" without eval_extraction
+    greater_is_better: bool | None = None  # resolved from metric_for_best's direction
     logging_steps: int = 1
     early_stopping: bool = False
     early_stopping_patience: int = 3
@@ -121,6 +132,8 @@ class TrainingConfig:
     local_rank: int = -1
     max_train_samples: int = -1
     max_eval_samples: int = -1
+    eval_extraction: bool = True
+    eval_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -175,11 +188,18 @@ class TrainingConfig:
     def replace(self, **changes: Any) -> TrainingConfig:
         """A copy with ``changes`` applied and everything validated again."""
         _reject_unknown(changes.keys(), "replace()")
+        changes = dict(changes)
+        if "metric_for_best" not in changes and "eval_extraction" in changes:
+            if self.metric_for_best == (DEFAULT_METRIC if self.eval_extraction else "eval_loss"):
+                changes["metric_for_best"] = None  # a defaulted metric follows eval_extraction
+        if "greater_is_better" not in changes and "metric_for_best" in changes:
+            if self.greater_is_better == greater_is_better_for(str(self.metric_for_best)):
+                changes["greater_is_better"] = None  # a defaulted direction follows the metric
         return dataclasses.replace(self, **changes)
 
     def to_native_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for gliner2's native ``TrainingConfig`` (fields we do not expose keep native defaults)."""
-        kwargs = {name: getattr(self, name) for name in _NATIVE_FIELDS}
+        kwargs = {name: getattr(self, name) for name in _NATIVE_FIELDS if name not in OWN_FIELDS}
         kwargs["lora_target_modules"] = list(self.lora_target_modules)
         return kwargs
 
@@ -240,6 +260,7 @@ _KINDS: dict[str, str] = {
             "warmup_ratio",
             "num_cycles",
             "early_stopping_threshold",
+            "eval_threshold",
             "gold_injection_start",
             "gold_injection_end",
             "gold_injection_hold_frac",
@@ -267,6 +288,7 @@ _KINDS: dict[str, str] = {
             "allow_tf32",
             "use_lora",
             "lora_use_dora",
+            "eval_extraction",
         ],
         _BOOL,
     ),
@@ -294,7 +316,13 @@ assert _FIELD_NAMES == frozenset(_KINDS), "every TrainingConfig field needs a ki
 
 
 def _normalize(cfg: TrainingConfig) -> None:
-    """Store ints given for float fields as floats and a list of targets as a tuple (no validation)."""
+    """Store ints given for float fields as floats and a list of targets as a tuple, and resolve the selection
+    defaults (no validation)."""
+    if cfg.metric_for_best is None:
+        extraction = cfg.eval_extraction if isinstance(cfg.eval_extraction, bool) else True
+        object.__setattr__(cfg, "metric_for_best", DEFAULT_METRIC if extraction else "eval_loss")
+    if cfg.greater_is_better is None and isinstance(cfg.metric_for_best, str):
+        object.__setattr__(cfg, "greater_is_better", greater_is_better_for(cfg.metric_for_best))
     for name, kind in _KINDS.items():
         value = getattr(cfg, name)
         if kind == _FLOAT and isinstance(value, int) and not isinstance(value, bool):
@@ -445,7 +473,13 @@ def _check_ranges(cfg: TrainingConfig) -> list[str]:
         f"float32_matmul_precision must be one of {list(MATMUL_PRECISIONS)}, got {cfg.float32_matmul_precision!r}",
     )
     need(bool(cfg.output_dir), "output_dir must be a non-empty path or URL")
-    need(bool(cfg.metric_for_best), "metric_for_best must be a non-empty metric name such as 'eval_loss'")
+    need(bool(cfg.metric_for_best), "metric_for_best must be a non-empty metric name such as 'eval_f1'")
+    need(0.0 <= cfg.eval_threshold <= 1.0, f"eval_threshold must be in [0, 1], got {cfg.eval_threshold}")
+    need(
+        cfg.eval_extraction or not is_extraction_metric(str(cfg.metric_for_best)),
+        f"metric_for_best={cfg.metric_for_best!r} is an extraction metric but eval_extraction=False; "
+        "set eval_extraction=True, or metric_for_best='eval_loss' for loss-only validation",
+    )
     need(
         not (cfg.early_stopping and cfg.eval_strategy == "no"),
         "early_stopping=True needs validation points but eval_strategy='no'; "

@@ -291,6 +291,25 @@ class SessionEngine(ExtractorTrainer):
                 self._guard_active = False
         return {key: _scalar(outputs.get(key)) for key in LOSS_KEYS}
 
+    def extract(
+        self, texts: Sequence[str], schemas: Sequence[Mapping[str, Any]], *, threshold: float, batch_size: int
+    ) -> list[dict[str, Any]]:
+        """gliner2's own batched inference (``batch_extract``) on the live model: eval mode, no grad, no RNG drawn
+        (its DataLoader draws a torch seed; collation may draw Python randomness), training modes restored."""
+        from gliner2.inference.schema import Schema
+
+        built = [Schema.from_dict(dict(schema)) for schema in schemas]
+        saved = self.python_rng.getstate()
+        with preserved_rng(self.device), self._eval_mode(), torch.no_grad():
+            try:
+                with private_python_rng(self.python_rng):
+                    with torch.amp.autocast(device_type=self.device.type, enabled=self.use_amp, dtype=self.amp_dtype):
+                        return unwrap(self.model).batch_extract(
+                            list(texts), built, batch_size=batch_size, threshold=threshold
+                        )
+            finally:
+                self.python_rng.setstate(saved)
+
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
         was_training = self.model.training

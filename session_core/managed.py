@@ -2,11 +2,13 @@
 best-checkpoint selection, early stopping and exact managed checkpoints.
 
 The driver is the plan's own contract and nothing more: for each batch i, `session.forward_backward(plan.batch(i))`,
-then `session.optim_step()` iff `plan.is_update(i)`; after a validation batch, the eval loss of the validation
-examples via `session.forward` (no RNG draw, no mode leak, no file written). So a managed run equals a caller's
-own loop bit for bit. Selection and early stopping follow gliner2's native semantics: a validation is "best" when
-strictly better than the best so far; early stopping counts validations that do not beat the previous best by
-more than `early_stopping_threshold` and stops once `early_stopping_patience` such validations follow each other.
+then `session.optim_step()` iff `plan.is_update(i)`; after a validation batch, the eval losses of the validation
+examples via `session.forward` and, with ``eval_extraction``, precision/recall/F1 of gliner2's own batched
+extraction via `session.extract` (`evaluation.evaluate_session`; no RNG draw, no mode leak, no file written).
+So a managed run equals a caller's own loop bit for bit. Selection and early stopping follow gliner2's native
+semantics: a validation is "best" when strictly better than the best so far; early stopping counts validations
+that do not beat the previous best by more than `early_stopping_threshold` and stops once
+`early_stopping_patience` such validations follow each other.
 
 A managed checkpoint is a session checkpoint plus `managed.json` (plan fingerprint, cursor, validation state,
 histories, early-stopping counters) and a reference to `best.safetensors` (the detached CPU copy of the best
@@ -29,7 +31,9 @@ import torch
 
 from .checkpoint import FileRef, open_checkpoint, store_blob, write_checkpoint
 from .errors import ConfigError, PlanMismatchError, SessionStateError
+from .evaluation import evaluate_session
 from .layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
+from .metrics import EVAL_KEYS, LOSS_KEYS
 from .pairs import to_pairs
 from .plan import ManagedTrainingPlan
 from .session import TrainingSession
@@ -37,13 +41,6 @@ from .state import read_tensors, write_tensors
 from .weights import export_weights
 
 MANAGED_KIND = "managed"
-EVAL_SOURCES = {
-    "eval_loss": "total_loss",
-    "eval_classification_loss": "classification_loss",
-    "eval_structure_loss": "structure_loss",
-    "eval_count_loss": "count_loss",
-}
-EVAL_KEYS = tuple(EVAL_SOURCES)
 StepCallback = Callable[[int, dict[str, Any]], None]
 
 
@@ -149,17 +146,16 @@ class ManagedTraining:
         return entry
 
     def validate(self) -> dict[str, Any]:
-        """Validation at a due boundary: native eval loss, best selection, early stopping."""
+        """Validation at a due boundary: native eval losses and extraction P/R/F1, best selection, early stopping."""
         if not self.validation_due:
             raise SessionStateError("no validation is due at this cursor")
         started = time.perf_counter()
-        totals = dict.fromkeys(EVAL_KEYS, 0.0)
-        for batch in self._eval_batches:
-            losses = self.session.forward(batch, return_components=True)
-            for key in EVAL_KEYS:
-                totals[key] += losses[EVAL_SOURCES[key]]
-        count = len(self._eval_batches)
-        metrics: dict[str, Any] = {key: value / count for key, value in totals.items()}
+        metrics = evaluate_session(
+            self.session,
+            self._eval_batches,
+            extraction=bool(self.config.eval_extraction),
+            threshold=float(self.config.eval_threshold),
+        )
         metrics.update(step=self.session.step, epoch=self.plan.epoch(self.cursor - 1), batch=self.cursor - 1)
         self.eval_metrics_history.append(metrics)
         self._select(metrics)
@@ -168,7 +164,7 @@ class ManagedTraining:
         return metrics
 
     def _select(self, metrics: dict[str, Any]) -> None:
-        value = float(metrics[self.config.metric_for_best])
+        value = float(metrics[str(self.config.metric_for_best)])
         greater = bool(self.config.greater_is_better)
         previous = self.best_metric
         if previous is None or (value > previous if greater else value < previous):
@@ -333,9 +329,10 @@ class ManagedTraining:
 
     def _check_selection(self) -> None:
         metric = self.config.metric_for_best
-        if metric not in EVAL_KEYS:
+        computed = EVAL_KEYS if self.config.eval_extraction else LOSS_KEYS
+        if metric not in computed:
             raise ConfigError(
-                f"metric_for_best={metric!r} is not computed by the managed driver; use one of {EVAL_KEYS}"
+                f"metric_for_best={metric!r} is not computed by the managed driver; use one of {computed}"
             )
         if self.config.early_stopping and not self._eval_batches:
             raise ConfigError(

@@ -152,8 +152,8 @@ class SelectionPolicy:
     @classmethod
     def from_config(cls, config: TrainingConfig) -> SelectionPolicy:
         return cls(
-            metric_for_best=config.metric_for_best,
-            greater_is_better=config.greater_is_better,
+            metric_for_best=str(config.metric_for_best),
+            greater_is_better=bool(config.greater_is_better),
             save_best=config.save_best,
             early_stopping=config.early_stopping,
             early_stopping_patience=config.early_stopping_patience,

@@ -19,7 +19,7 @@ import gc
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -138,6 +138,15 @@ class TrainingSession:
             self._check_usable()
             losses = self._engine.evaluate_loss(to_pairs(batch))
             return losses if return_components else losses["total_loss"]
+
+    def extract(
+        self, texts: Sequence[str], schemas: Sequence[Mapping[str, Any]], *, threshold: float = 0.5, batch_size: int = 8
+    ) -> list[dict[str, Any]]:
+        """gliner2's formatted extractions of `texts` (one ``Schema.from_dict`` schema each) from the live model; like
+        `forward`, it draws no RNG and leaves modes and gradients as they were."""
+        with self._lock:
+            self._check_usable()
+            return self._engine.extract(texts, schemas, threshold=threshold, batch_size=batch_size)
 
     def forward_backward(self, batch: Any) -> float:
         """Accumulate one micro-batch's gradients; returns the native scalar batch loss (before accumulation)."""

@@ -44,6 +44,7 @@ from prefect_gliner2.session_core.tiny_data import check_seed as _check_seed
 __all__ = [
     "BENCH_MODEL_SIZE",
     "GLINER2_BASE_SIZE",
+    "TINY_MODEL_REVISION",
     "TINY_ENCODERS",
     "GLINER2_SPECIAL_TOKENS",
     "TINY_ENTITY_TYPES",
@@ -52,6 +53,7 @@ __all__ = [
     "build_tiny_encoder_dir",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "pin_count_head",
     "save_tiny_model",
     "tiny_boundary_head",
     "tiny_encoder_config",
@@ -183,6 +185,10 @@ def build_tiny_tokenizer(directory: str | os.PathLike[str], vocab_size: int | No
     _make_fast_tokenizer(vocab_size).save_pretrained(str(path))
     return path
 
+
+# Bumped whenever the builders' bytes change; cached tiny model directories carry it in their names.
+# r2: span models get a pinned count head (save_tiny_model's pinned_count).
+TINY_MODEL_REVISION = "r2"
 
 # ---------------------------------------------------------------------------
 # Encoder
@@ -373,6 +379,7 @@ def save_tiny_model(
     encoder: str = "bert",
     vocab_size: int | None = None,
     deberta_v3: bool = False,
+    pinned_count: int | None = 1,
 ) -> Path:
     """Write a native gliner2 model directory that ``AutoExtractor.from_pretrained`` loads offline.
 
@@ -386,6 +393,12 @@ def save_tiny_model(
     individual boundary settings on top of :func:`tiny_boundary_head`. ``encoder`` picks the encoder family
     (``"bert"`` or ``"deberta-v2"``, see :func:`tiny_encoder_config`); ``vocab_size`` and ``deberta_v3`` make
     the real shape (:data:`GLINER2_BASE_SIZE`).
+
+    ``pinned_count`` gives a span model a pretrained-like count head (see :func:`pin_count_head`): gliner2 2.1.0
+    trains no count loss for entity tasks, yet its inference extracts an entity label only when the count head
+    predicts a count above zero. A released checkpoint's count head does; a random one predicts 0, and a trained
+    tiny model then extracts nothing however good its span scores are. ``None`` keeps the random head. Boundary
+    models decode without that head and are unaffected.
 
     Deterministic: same arguments -> byte-identical ``model.safetensors`` and
     ``config.json``. Global RNG state is left untouched. Returns the directory.
@@ -415,6 +428,8 @@ def save_tiny_model(
     tokenizer = _make_fast_tokenizer(vocab_size)
     with _isolated_rng(seed):
         model = model_class(config, encoder_config=encoder_config, tokenizer=tokenizer)
+    if arch == "span" and pinned_count is not None:
+        pin_count_head(model, pinned_count)
     expected = len(_sized_vocab(vocab_size))
     if len(model.processor.tokenizer) != expected:  # pragma: no cover - guards a gliner2 change
         raise RuntimeError(
@@ -425,6 +440,27 @@ def save_tiny_model(
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
     return path
+
+
+def pin_count_head(model: Any, count: int = 1) -> None:
+    """Make a span model's count head predict ``count`` for every input, as a pretrained head does for a present label.
+
+    The head's final linear layer gets zero weights and a bias that is 1.0 at ``count`` and 0.0 elsewhere, so the
+    argmax is ``count`` whatever the embedding. It stays an ordinary trainable layer: tasks that do train the count
+    loss (relations, structures) move it from there. gliner2 itself is not patched.
+    """
+    import torch
+
+    head = getattr(model, "count_pred", None)
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no count_pred head (only span models have one)")
+    final = head[-1]
+    if not 0 <= count < final.out_features:
+        raise ValueError(f"count must be in [0, {final.out_features}), got {count}")
+    with torch.no_grad():
+        final.weight.zero_()
+        final.bias.zero_()
+        final.bias[count] = 1.0
 
 
 def build_tiny_model(
@@ -444,7 +480,7 @@ def build_tiny_model(
     in *training* mode (``model.training`` is True; gliner2's extract methods
     call ``eval()`` themselves and do not switch back). ``kwargs`` go to
     :func:`save_tiny_model` (``dropout``, ``max_width``, ``boundary_head``,
-    ``num_heads``, ``intermediate_size``, ``encoder``, ``vocab_size``, ``deberta_v3``).
+    ``num_heads``, ``intermediate_size``, ``encoder``, ``vocab_size``, ``deberta_v3``, ``pinned_count``).
 
     Note: a model loaded from a temporary directory has ``name_or_path``
     pointing at a directory that no longer exists; pass ``directory`` when

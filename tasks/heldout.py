@@ -2,12 +2,13 @@
 
     results = evaluate_models({"candidate": ".../export", "current": ".../versions/v000002"},
                               base_model="tiny:span", valid_data="data/valid.jsonl", config=config.to_dict())
-    results["candidate"]["eval_loss"]
+    results["candidate"]["eval_f1"]
 
 Each model is loaded the way a run's ``init_weights`` is: the base model, then ``session.load_weights`` of the
 directory (its ``adapter/`` for a LoRA config). The metrics are the ones validation computes during training
-(native eval-mode losses averaged over ``eval_batch_size`` batches), so a candidate's score equals its own best
-validation metric and both models are scored on exactly the same batches.
+(`session_core.evaluation.evaluate_session`: native eval-mode losses averaged over ``eval_batch_size`` batches and
+extraction precision/recall/F1 at ``eval_threshold``), so a candidate scored on its validation data gets its own
+best validation metric and both models are scored on exactly the same records.
 """
 
 from __future__ import annotations
@@ -41,13 +42,20 @@ def evaluate_models(
     logger = get_run_logger()
     for label, metrics in results.items():
         logger.info(
-            "%s (%s): eval_loss %.6f on %d held-out examples",
+            "%s (%s) on %d held-out examples: F1 %s (P %s, R %s), eval_loss %.6f",
             label,
             metrics["uri"],
-            metrics["eval_loss"],
             metrics["examples"],
+            _rounded(metrics.get("eval_f1")),
+            _rounded(metrics.get("eval_precision")),
+            _rounded(metrics.get("eval_recall")),
+            metrics["eval_loss"],
         )
     return results
+
+
+def _rounded(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.4f}"
 
 
 def evaluate_models_here(
@@ -64,7 +72,7 @@ def evaluate_models_here(
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.runtime.worker_child import init_weights_dir
     from prefect_gliner2.session_core import TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.managed import EVAL_SOURCES
+    from prefect_gliner2.session_core.evaluation import evaluate_session
     from prefect_gliner2.session_core.pairs import to_pairs
     from prefect_gliner2.session_core.records import load_records
 
@@ -78,12 +86,9 @@ def evaluate_models_here(
         session = TrainingSession(load_model(base_model), settings, max_steps=1, device=device)
         try:
             loaded = session.load_weights(init_weights_dir(uri, bool(settings.use_lora)))
-            totals = dict.fromkeys(EVAL_SOURCES, 0.0)
-            for batch in batches:
-                losses = session.forward(batch, return_components=True)
-                for key, source in EVAL_SOURCES.items():
-                    totals[key] += losses[source]
-            metrics: dict[str, Any] = {key: value / len(batches) for key, value in totals.items()}
+            metrics = evaluate_session(
+                session, batches, extraction=bool(settings.eval_extraction), threshold=float(settings.eval_threshold)
+            )
             metrics.update(
                 uri=uri,
                 examples=len(pairs),

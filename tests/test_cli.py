@@ -167,13 +167,23 @@ def test_demo_trains_the_tiny_model_offline(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from prefect_gliner2.flows.demo import DEMO_CONFIG, DEMO_SIZES
+
+    # a scaled-down demo (the real one trains ~3 minutes; README records its output)
+    monkeypatch.setattr("prefect_gliner2.flows.demo.DEMO_SIZES", {**DEMO_SIZES, "train": 16, "valid": 4, "test": 6})
+    monkeypatch.setitem(DEMO_CONFIG, "num_epochs", 2)
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
+    assert "best eval_f1:" in out
+    assert f"held-out F1 on 6 unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
+    assert "  before training: F1 " in out and "  after training:  F1 " in out
+    assert out.count("  text:      ") == 3 and out.count("  extracted: ") == 3 and out.count("  gold:      ") == 3
+    first = json.loads((tmp_path / "demo" / "data" / "test.jsonl").read_text().splitlines()[0])
+    assert f"  text:      {first['input']}" in out
     assert json.loads((tmp_path / "demo" / "model" / "export.json").read_text())["label"] == "best"
     assert (tmp_path / "demo" / "runs" / "demo" / "cursor.json").exists()
     # a demo directory left by a different plan (e.g. another version): a clear way out, nothing touched
-    from prefect_gliner2.flows.demo import DEMO_CONFIG
 
     monkeypatch.setitem(DEMO_CONFIG, "seed", 8)
     before = sorted(p.name for p in (tmp_path / "demo" / "runs" / "demo" / "checkpoints").iterdir())
@@ -253,3 +263,74 @@ def test_train_plans_the_run_once(
     summary = json.loads(capsys.readouterr().out)
     assert len(plans) == 1 and summary["fingerprint"] == plans[0]
     assert summary["export"] == str(tmp_path / "model")
+
+
+# ---- evaluate ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from prefect_gliner2.session_core.tiny import save_tiny_model
+
+    root = tmp_path_factory.mktemp("evaluate")
+    model = save_tiny_model(root / "model", "span", seed=0)
+    data = root / "gold.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in tiny_records(6, seed=3)))
+    return {"root": str(root), "model": str(model), "data": str(data)}
+
+
+def test_evaluate_prints_per_label_scores_and_totals(
+    scored: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gliner2 import AutoExtractor
+
+    from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
+    from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
+
+    out = os.path.join(scored["root"], "report.json")
+    argv = ["evaluate", "--model", scored["model"], "--data", scored["data"], "--threshold", "0.0", "--json", out]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(Path(out).read_text())
+    records = tiny_records(6, seed=3)
+    model = AutoExtractor.from_pretrained(scored["model"])
+    labels = list(DatasetSchema.of([r["output"] for r in records]).entities)  # the data's labels, first-seen order
+    assert sorted(labels) == sorted(TINY_ENTITY_TYPES)
+    extracted = model.batch_extract_entities([r["input"] for r in records], labels, threshold=0.0)
+    expected = score_records([r["output"] for r in records], extracted)
+    assert expected.total().predicted > 0  # threshold 0: the random model extracts, so the numbers are not all 0
+    assert report["metrics"] == expected.metrics() and report["per_label"] == expected.rows()
+    assert (report["threshold"], report["records"], report["total"]["support"]) == (0.0, 6, expected.total().support)
+    lines = printed.splitlines()
+    assert lines[0].split() == ["label", "precision", "recall", "F1", "support"]
+    assert [line.split()[0] for line in lines[1:5]] == [f"entities/{label}" for label in sorted(TINY_ENTITY_TYPES)]
+    total = expected.total()
+    assert lines[6].split() == [
+        "all",
+        "(micro)",
+        f"{total.precision:.4f}",
+        f"{total.recall:.4f}",
+        f"{total.f1:.4f}",
+    ] + [str(total.support)]
+    assert f"tp {total.tp}, fp {total.fp}, fn {total.fn}" in lines[7]
+
+
+def test_evaluate_refuses_unusable_input(scored: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    empty_dir = os.path.join(scored["root"], "not-a-model")
+    os.makedirs(empty_dir, exist_ok=True)
+    bad_records = os.path.join(scored["root"], "bad.jsonl")
+    Path(bad_records).write_text('{"input": "Alice", "output": {"entities": {"person": ["Bob"]}}}\nnot json\n')
+    model, data = scored["model"], scored["data"]
+    for argv, message in [
+        (["evaluate", "--model", model, "--data", "/nope.jsonl"], "data '/nope.jsonl' does not exist"),
+        (["evaluate", "--model", empty_dir, "--data", data], "has no config.json"),
+        (["evaluate", "--model", "./missing-model", "--data", data], "is not a model directory"),
+        (["evaluate", "--model", model, "--data", bad_records], "evaluation"),
+        (["evaluate", "--model", model, "--data", data, "--json", scored["root"]], "is a directory"),
+    ]:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    for threshold, message in [("2", "must be in [0, 1], got 2"), ("x", "must be a number in [0, 1]")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["evaluate", "--model", model, "--data", data, "--threshold", threshold])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err

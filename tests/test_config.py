@@ -11,7 +11,7 @@ import os
 import fsspec
 import pytest
 
-from prefect_gliner2.session_core.config import NON_FINGERPRINT_FIELDS, TrainingConfig
+from prefect_gliner2.session_core.config import NON_FINGERPRINT_FIELDS, OWN_FIELDS, TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
 
 BASE = {"fp16": False, "bf16": False}
@@ -34,11 +34,34 @@ def test_defaults_follow_native_except_documented_changes() -> None:
     assert cfg.num_workers == 0
     assert cfg.eval_strategy == "epoch"
     assert (cfg.batch_size, cfg.gradient_accumulation_steps, cfg.num_epochs, cfg.max_steps) == (2, 1, 10, -1)
-    assert (cfg.encoder_lr, cfg.task_lr, cfg.metric_for_best, cfg.seed) == (1e-5, 5e-4, "eval_loss", 42)
+    assert (cfg.encoder_lr, cfg.task_lr, cfg.seed) == (1e-5, 5e-4, 42)
+    assert (cfg.metric_for_best, cfg.greater_is_better, cfg.eval_extraction, cfg.eval_threshold) == (
+        "eval_f1",
+        True,
+        True,
+        0.5,
+    )
     assert cfg.on_capacity_exceeded == "raise" and cfg.strict_training is True
     assert cfg.lora_target_modules == ("encoder", "span_rep", "classifier", "count_embed", "count_pred")
     assert (cfg.deterministic, cfg.allow_tf32, cfg.float32_matmul_precision) == (True, False, "highest")
     assert cfg.effective_batch_size == 2
+
+
+def test_selection_defaults_follow_extraction_and_the_metrics_direction() -> None:
+    assert (_cfg(eval_extraction=False).metric_for_best, _cfg(eval_extraction=False).greater_is_better) == (
+        "eval_loss",
+        False,
+    )
+    assert _cfg(metric_for_best="eval_loss").greater_is_better is False
+    assert _cfg(metric_for_best="eval_entity_f1").greater_is_better is True
+    assert _cfg(metric_for_best="eval_loss", greater_is_better=True).greater_is_better is True  # explicit: kept
+    loss_only = _cfg().replace(eval_extraction=False)
+    assert (loss_only.metric_for_best, loss_only.greater_is_better) == ("eval_loss", False)
+    assert _cfg().replace(metric_for_best="eval_count_loss").greater_is_better is False
+    assert TrainingConfig.from_dict(_cfg().to_dict()) == _cfg()
+    assert "eval_threshold" not in _cfg().to_native_kwargs() and "eval_extraction" not in _cfg().to_native_kwargs()
+    _rejects("eval_threshold must be in [0, 1], got 1.5", eval_threshold=1.5)
+    _rejects("set eval_extraction=True, or metric_for_best=", eval_extraction=False, metric_for_best="eval_f1")
 
 
 @pytest.mark.parametrize("changes", [{}, {"fp16": False}, {"bf16": False}, {"fp16": None, "bf16": True}])
@@ -252,7 +275,8 @@ def test_fingerprint_fields_exclude_only_logging_and_io() -> None:
 def test_to_native_kwargs_maps_every_field() -> None:
     cfg = _cfg(bf16=True, lora_target_modules=["encoder"])
     kwargs = cfg.to_native_kwargs()
-    assert set(kwargs) == set(cfg.to_dict())
+    assert set(kwargs) == set(cfg.to_dict()) - OWN_FIELDS
+    assert OWN_FIELDS == {"eval_extraction", "eval_threshold"}
     assert kwargs["lora_target_modules"] == ["encoder"] and isinstance(kwargs["lora_target_modules"], list)
     assert kwargs["fp16"] is False and kwargs["bf16"] is True and kwargs["num_workers"] == 0
 

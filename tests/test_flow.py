@@ -19,7 +19,8 @@ from prefect_gliner2.runtime.protocol import AdvanceResult
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.session_core.scoring import Counts, DatasetSchema, score_records
+from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
 from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
 
 from support.config import training_config
@@ -126,8 +127,12 @@ def _assert_ui(flow_run_id: str) -> None:
     assert flow_run.labels["prefect-gliner2.step"] == 6 and flow_run.labels["prefect-gliner2.run-key"] == "span-full"
     kinds = {a.key: a for a in sorted(artifacts, key=lambda a: a.created)}  # the newest version of each key
     assert kinds["gliner2-span-full-progress"].data == 100.0
-    assert "best eval_loss" in kinds["gliner2-span-full-summary"].data
-    assert json.loads(kinds["gliner2-span-full-validation"].data)[-1]["step"] == 6
+    markdown = kinds["gliner2-span-full-summary"].data
+    assert "best eval_f1" in markdown and "**best F1**" in markdown and "| step | epoch | precision |" in markdown
+    table = json.loads(kinds["gliner2-span-full-validation"].data)
+    assert [row["step"] for row in table] == [3, 6] and [row["epoch"] for row in table] == [1, 2]  # 1-based epochs
+    assert {"eval_precision", "eval_recall", "eval_f1", "eval_entity_f1", "eval_macro_f1", "eval_loss"} <= set(table[0])
+    assert {f"{label} P / R / F1" for label in TINY_ENTITY_TYPES} <= set(table[0])
 
 
 def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str, Any], tmp_path: Path) -> None:
@@ -386,3 +391,47 @@ def test_durable_cursor_only_moves_forward_and_debris_is_removed(tmp_path: Path)
     (tmp_path / "r" / ".cursor.json.x.tmp").write_text("")
     assert sorted(run_dir.remove_debris()) == [".cursor.json.x.tmp", ".step-000001-batch-000001.partial-1-ab"]
     assert _mode(tmp_path / "r") == 0o700 and _mode(tmp_path / "r" / "cursor.json") == 0o600
+
+
+def test_validation_best_f1_equals_the_f1_of_the_exported_best_model(space: dict[str, Any]) -> None:
+    """The best eval_f1 a flow reports is what gliner2's public API extracts with the exported best model."""
+    from gliner2 import AutoExtractor
+
+    from support.flow import make_inputs
+
+    inputs = make_inputs(space["root"] / "data-f1", n_train=48, n_valid=16)
+    threshold = 0.3
+    cfg = training_config(
+        batch_size=8,
+        gradient_accumulation_steps=1,
+        num_epochs=8,
+        encoder_lr=5e-3,
+        task_lr=2e-2,
+        warmup_ratio=0.1,
+        eval_threshold=threshold,
+    )
+    summary = run_flow(
+        model=space["span"],
+        train_data=inputs["train"],
+        valid_data=inputs["valid"],
+        config=cfg,
+        run_key="span-f1",
+        storage=str(space["root"] / "runs"),
+        checkpoint_every=100,
+        batches_per_task=6,
+    )
+    assert summary["metric_for_best"] == "eval_f1" and summary["label"] == "best"
+    records = [json.loads(line) for line in Path(inputs["valid"]).read_text().splitlines()]
+    model = AutoExtractor.from_pretrained(summary["export"])
+    labels = list(DatasetSchema.of([r["output"] for r in records]).entities)  # the data's labels, first-seen order
+    extracted = model.batch_extract_entities([r["input"] for r in records], labels, batch_size=8, threshold=threshold)
+    fresh = score_records([r["output"] for r in records], extracted).total()
+    assert fresh.tp > 0 and summary["best_metric"] > 0  # the model really extracts: not a 0 == 0 comparison
+    one_item = max(abs(fresh.f1 - c.f1) for c in _one_item_away(fresh))
+    assert abs(summary["best_metric"] - fresh.f1) <= one_item, (summary["best_metric"], fresh)
+
+
+def _one_item_away(c: Counts) -> list[Counts]:
+    """Counts that differ from `c` by one extracted item (one more or one fewer true or false positive)."""
+    moves = [(1, 0, -1), (-1, 0, 1), (0, 1, 0), (0, -1, 0)]
+    return [Counts(c.tp + a, c.fp + b, c.fn + d) for a, b, d in moves if min(c.tp + a, c.fp + b, c.fn + d) >= 0]

@@ -16,6 +16,9 @@ from prefect_gliner2.session_core import (
     SessionStateError,
     TrainingSession,
 )
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS
+from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
+from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
 
 from support.session import (
     CASE_IDS,
@@ -142,7 +145,7 @@ def test_exact_continuation_from_managed_checkpoints(arch, lora, point, tmp_path
 
 
 def test_best_selection_keeps_a_detached_copy_and_exports_best_or_final(tmp_path):
-    run, plan = managed("span", False, save_best=True, num_epochs=3)
+    run, plan = managed("span", False, save_best=True, num_epochs=3, metric_for_best="eval_loss")
     run.run()
     history = [entry["eval_loss"] for entry in run.eval_metrics_history]
     best_index = min(range(len(history)), key=history.__getitem__)
@@ -235,12 +238,68 @@ def test_a_changed_plan_is_rejected_with_a_way_forward(tmp_path):
 
 
 def test_selection_settings_are_checked_up_front():
-    config = make_config("span", False, **EVAL, metric_for_best="eval_f1")
+    config = make_config("span", False, **EVAL, metric_for_best="eval_accuracy")
     plan = make_plan("span", config)
-    with pytest.raises(ConfigError, match="eval_f1"):
+    with pytest.raises(ConfigError, match="eval_accuracy"):
         ManagedTraining(
             TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
         )
     config = make_config("span", False, **EVAL, early_stopping=True)
     with pytest.raises(ConfigError, match="eval_examples"):
         ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan)
+
+
+# ---- extraction metrics in validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["span", "boundary"])
+def test_extraction_validation_does_not_change_training(arch):
+    """Validating with extraction metrics ends bitwise equal to validating with losses only."""
+    extracting, plan = managed(arch, False, metric_for_best="eval_loss")
+    with_extraction = extracting.run()
+    losses_only, _ = managed(arch, False, eval_extraction=False)  # built after: sessions seed the global RNGs
+    without = losses_only.run()
+    assert_bitwise_equal(snapshot(extracting.session), snapshot(losses_only.session))
+    assert with_extraction["train_metrics_history"] == without["train_metrics_history"]
+    assert len(with_extraction["eval_metrics_history"]) == len(without["eval_metrics_history"]) == 2
+    for full, loss in zip(with_extraction["eval_metrics_history"], without["eval_metrics_history"], strict=True):
+        assert set(EXTRACTION_KEYS) <= set(full) and not set(EXTRACTION_KEYS) & set(loss)
+        assert {k: full[k] for k in loss} == loss  # same losses, bit for bit
+        assert all(0.0 <= full[key] <= 1.0 for key in EXTRACTION_KEYS)
+        assert [row["label"] for row in full["per_label"]] == sorted(TINY_ENTITY_TYPES)
+        assert sum(row["support"] for row in full["per_label"]) == _gold_mentions()
+    assert extracting.session.model.training and losses_only.session.model.training
+    assert with_extraction["best_metric"] == without["best_metric"]
+
+
+def _gold_mentions() -> int:
+    return sum(len(mentions) for record in eval_records() for mentions in record["output"]["entities"].values())
+
+
+def test_validation_scores_what_gliner2_extracts_and_restores_train_mode():
+    run, plan = managed("span", False, eval_threshold=0.0)
+    run.run(until=plan.batches_per_epoch - 1)
+    run.train_batch()  # the epoch's last batch: its validation is now due
+    session = run.session
+    assert session.model.training and run.validation_due
+    metrics = run.validate()
+    assert session.model.training and session.engine.processor.is_training
+    # the same numbers from gliner2's public API on the live model, at the configured threshold
+    records = eval_records()
+    labels = list(DatasetSchema.of([r["output"] for r in records]).entities)  # the data's labels, first-seen order
+    extracted = session.model.batch_extract_entities([r["input"] for r in records], labels, batch_size=8, threshold=0.0)
+    session.model.train()
+    session.engine.processor.change_mode(is_training=True)
+    expected = score_records([r["output"] for r in records], extracted)
+    assert expected.total().predicted > 0  # threshold 0 extracts: the comparison is not vacuous
+    assert {k: metrics[k] for k in EXTRACTION_KEYS} == expected.metrics()
+    assert metrics["per_label"] == expected.rows()
+    assert run.best_metric == metrics["eval_f1"] and run.config.greater_is_better is True
+
+
+def test_best_and_early_stopping_follow_eval_f1_higher_is_better():
+    run, plan = managed("span", False, num_epochs=3, eval_threshold=0.0, early_stopping=True, early_stopping_patience=5)
+    result = run.run()
+    f1s = [entry["eval_f1"] for entry in result["eval_metrics_history"]]
+    best = max(range(len(f1s)), key=lambda i: (f1s[i], -i))  # the first of the highest (strictly better wins)
+    assert result["best_metric"] == f1s[best] and result["best_step"] == result["eval_metrics_history"][best]["step"]

@@ -74,7 +74,9 @@ def test_golden_rows_and_fingerprint_pin_the_algorithm() -> None:
     assert PLAN_ALGORITHM_VERSION == 1
     plan = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(plan) == [(2, 6), (5, 1), (4, 3), (0,), (4, 1), (2, 6), (0, 5), (3,)]
-    assert plan.fingerprint == "5a0f34025df0694f65361113d2f07756170024a76ce2034a740026379d668b84"
+    # the fingerprint also covers the config's fields: it moved when eval_extraction / eval_threshold and the eval_f1
+    # selection default arrived (the rows above did not)
+    assert plan.fingerprint == "efdd1577cdcc4e58d4a698af27034e1f350ef2309bc167b98e6284d0c3e1985d"
     grouped = _plan(7, "boundary", batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(grouped) == [(5, 1), (2, 6), (4, 0), (3,), (2, 6), (1, 5), (4, 0), (3,)]
 

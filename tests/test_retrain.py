@@ -52,6 +52,7 @@ def _retrain(root: Path, train: str, valid: str, **overrides: Any) -> dict[str, 
         config=training_config(num_epochs=1),
         storage=str(root / "runs"),
         cpu_threads=THREADS,
+        metric="eval_loss",  # tiny models trained this briefly extract nothing: F1 is 0 for every version
     )
     params.update(overrides)
     outcome = retrain_flow(**params)
@@ -68,14 +69,26 @@ def _assert_pointer_valid(root: Path) -> None:
 
 
 def test_decide() -> None:
-    from prefect_gliner2.session_core.managed import EVAL_KEYS
+    from prefect_gliner2.session_core.metrics import EVAL_KEYS
 
-    assert retrain.EVAL_KEYS == EVAL_KEYS
-    assert decide(1.0, None, greater_is_better=False, margin=5.0)[0]
-    assert decide(0.5, 1.0, greater_is_better=False, margin=0.1)[0]
-    assert not decide(0.95, 1.0, greater_is_better=False, margin=0.1)[0]
-    assert not decide(1.0, 1.0, greater_is_better=False, margin=0.0)[0]
-    assert decide(0.9, 0.5, greater_is_better=True, margin=0.1)[0]
+    assert retrain.EVAL_KEYS is EVAL_KEYS  # one list of metric names
+    loss = {"eval_loss": 1.0, "eval_f1": 0.5}
+    assert decide({"eval_loss": 1.0, "eval_f1": 0.1}, None, metric="eval_loss", greater_is_better=False, margin=5.0)[0]
+    assert decide({"eval_loss": 0.5, "eval_f1": 0.5}, loss, metric="eval_loss", greater_is_better=False, margin=0.1)[0]
+    assert not decide(
+        {"eval_loss": 0.95, "eval_f1": 0.5}, loss, metric="eval_loss", greater_is_better=False, margin=0.1
+    )[0]
+    assert not decide({"eval_loss": 1.0, "eval_f1": 0.5}, loss, metric="eval_loss", greater_is_better=False)[0]
+    better, reason = decide({"eval_f1": 0.9}, {"eval_f1": 0.5}, margin=0.1, data="test_data (8 records)")
+    assert better and reason == (
+        "candidate F1 0.9000, current model F1 0.5000, on test_data (8 records): "
+        "the candidate's eval_f1 is more than 0.1 above the current model's"
+    )
+    assert not decide({"eval_f1": 0.5}, {"eval_f1": 0.9})[0]
+    # a candidate extracting nothing correct never replaces one that does, even when its loss is lower
+    zero, why = decide({"eval_loss": 0.1, "eval_f1": 0.0}, loss, metric="eval_loss", greater_is_better=False)
+    assert not zero and "F1 0.0000" in why and "F1 0.5000" in why and "never replaces" in why
+    assert not decide({"eval_f1": 0.0}, {"eval_f1": 0.0})[0]  # no better: nothing to promote
 
 
 def _model_events(emitted: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -113,7 +126,10 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert v1.lineage["data_fingerprint"] == data_fingerprint(str(train), valid)["data_fingerprint"]
     assert set(v1.lineage["metrics"]) == {"candidate"}
     # the held-out score is the training run's own best validation metric (same weights, same batches)
-    assert v1.lineage["metrics"]["candidate"]["eval_loss"] == v1.lineage["training"]["best_metric"]
+    # (training selects by eval_f1, the default; the comparison here uses eval_loss)
+    assert v1.lineage["metrics"]["candidate"]["eval_f1"] == v1.lineage["training"]["best_metric"]
+    assert v1.lineage["comparison_data"] == "valid_data" and v1.lineage["comparison_records"] == 4
+    assert "on valid_data (4 records, the data that also selected the candidate's best checkpoint)" in first["reason"]
     events = _model_events(emitted)
     assert [e["event"] for e in events] == ["prefect-gliner2.model.promoted"]
     assert events[0]["resource"]["prefect.resource.id"] == f"prefect-gliner2.model.{NAME}"
@@ -205,3 +221,49 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
     outcome = _retrain(tmp_path, train, valid)
     assert (outcome["status"], outcome["current"]) == ("promoted", "v000001")
     assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
+
+
+def _swapped(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bad training data: people labelled as cities and cities as people (labels kept in their usual order)."""
+    swap = {"person": "city", "city": "person"}
+    out = []
+    for record in records:
+        entities = record["output"]["entities"]
+        swapped = {label: entities.get(swap.get(label, label)) for label in ("person", "city", "company", "day")}
+        out.append({"input": record["input"], "output": {"entities": {k: v for k, v in swapped.items() if v}}})
+    return out
+
+
+def test_promotion_follows_extraction_f1_on_test_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate with better F1 is promoted, a worse one is not; the decision names both F1s and the data."""
+    monkeypatch.setattr(retrain, "emit_event", lambda **kw: None)
+    valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(16, seed=99))
+    test = write_jsonl(tmp_path / "test.jsonl", tiny_records(16, seed=98))
+    learns = training_config(batch_size=8, gradient_accumulation_steps=1, num_epochs=12, encoder_lr=5e-3, task_lr=2e-2)
+    registry = ModelRegistry(str(tmp_path / "registry"), NAME)
+
+    def run(train: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+        path = write_jsonl(tmp_path / f"train-{len(registry.versions())}.jsonl", train)
+        params = {"metric": "eval_f1", "config": learns, "test_data": test, **overrides}
+        return _retrain(tmp_path, path, valid, **params)
+
+    first = run(tiny_records(96, seed=1))
+    v1 = registry.get(first["version"])
+    assert first["status"] == "promoted" and v1.lineage["comparison_data"] == "test_data"
+    assert v1.lineage["metrics"]["candidate"]["eval_f1"] > 0.0  # it extracts
+    assert v1.lineage["metrics"]["candidate"]["examples"] == 16
+
+    worse = run(_swapped(tiny_records(64, seed=2)), config={**learns, "num_epochs": 10})
+    scores = worse["metrics"]
+    assert scores["candidate"]["eval_f1"] < scores["current"]["eval_f1"]
+    assert (worse["status"], worse["current"]) == ("rejected", first["version"])
+    for value in (scores["candidate"]["eval_f1"], scores["current"]["eval_f1"]):
+        assert f"F1 {value:.4f}" in worse["reason"]
+    assert "on test_data (16 records)" in worse["reason"]
+    assert scores["current"]["eval_f1"] == v1.lineage["metrics"]["candidate"]["eval_f1"]  # same data, same score
+
+    better = run(tiny_records(160, seed=3))
+    scores = better["metrics"]
+    assert scores["candidate"]["eval_f1"] > scores["current"]["eval_f1"] > 0.0
+    assert (better["status"], better["current"], better["previous"]) == ("promoted", better["version"], "v000001")
+    assert f"F1 {scores['candidate']['eval_f1']:.4f}" in better["reason"] and "test_data" in better["reason"]

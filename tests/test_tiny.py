@@ -438,3 +438,48 @@ def test_gliner2_base_shape_is_the_real_encoder_and_the_vocab_option_reaches_the
         save_tiny_model(tmp_path / "bad", "span", vocab_size=10)
     with pytest.raises(ValueError, match="deberta_v3"):
         save_tiny_model(tmp_path / "bad", "span", deberta_v3=True)
+
+
+# ---------------------------------------------------------------------------
+# the count head: a trained tiny span model really extracts
+# ---------------------------------------------------------------------------
+
+
+def test_span_count_head_is_pinned_to_one_and_boundary_is_untouched(tmp_path, offline):
+    model = _load(save_tiny_model(tmp_path / "pinned", "span", seed=0))
+    final = model.count_pred[-1]
+    assert torch.equal(final.weight, torch.zeros_like(final.weight))
+    assert final.bias.argmax().item() == 1 and final.bias.sum().item() == 1.0
+    probe = torch.randn(16, model.count_pred[0].in_features, generator=torch.Generator().manual_seed(0))
+    assert model.count_pred(probe).argmax(-1).tolist() == [1] * 16
+    random_head = _load(save_tiny_model(tmp_path / "random", "span", seed=0, pinned_count=None))
+    assert not torch.equal(random_head.count_pred[-1].weight, torch.zeros_like(final.weight))
+    others = {k: v for k, v in model.state_dict().items() if not k.startswith("count_pred.2.")}
+    assert all(torch.equal(v, random_head.state_dict()[k]) for k, v in others.items())  # only the final layer differs
+    with pytest.raises(ValueError, match="count must be in"):
+        save_tiny_model(tmp_path / "bad", "span", seed=0, pinned_count=20)
+
+
+def test_trained_tiny_span_model_extracts_only_with_a_count_above_zero(offline, restore_globals):
+    """gliner2 trains no count loss for entities; its inference extracts a label only when the count head says > 0."""
+    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.session_core.scoring import score_records
+
+    model = build_tiny_model("span", seed=0)
+    config = TrainingConfig(
+        fp16=False, bf16=False, num_epochs=10, batch_size=8, eval_strategy="no", encoder_lr=3e-3, task_lr=1e-2, seed=7
+    )
+    plan = ManagedTrainingPlan(tiny_records(64, seed=1), config, architecture="span")
+    with ManagedTraining(TrainingSession(model, config, max_steps=plan.max_steps), plan) as run:
+        run.run()
+        count_head = {k: v.clone() for k, v in model.count_pred.state_dict().items()}
+        valid = tiny_records(24, seed=2)
+        texts, gold = [r["input"] for r in valid], [r["output"] for r in valid]
+        labels = list(TINY_ENTITY_TYPES)
+        pinned = score_records(gold, model.batch_extract_entities(texts, labels, batch_size=8))
+        assert all(torch.equal(v, model.count_pred.state_dict()[k]) for k, v in count_head.items())  # never trained
+        assert pinned.total().tp > 0
+        with torch.no_grad():
+            model.count_pred[-1].bias.copy_(torch.nn.functional.one_hot(torch.tensor(0), 20).float())
+        unpinned = score_records(gold, model.batch_extract_entities(texts, labels, batch_size=8))
+        assert unpinned.total().predicted == 0 and pinned.total().predicted > 0

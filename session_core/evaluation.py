@@ -1,0 +1,75 @@
+"""Validation of a live session: gliner2's native eval losses and, from its own batched inference, extraction scores.
+
+One function for both places that validate: the managed driver's validation points and held-out evaluation of
+model directories (`tasks/heldout.py`), so a candidate's held-out score is computed exactly like its validation
+history. Both parts draw no RNG and leave modes and gradients untouched (see `TrainingSession.forward` and
+`TrainingSession.extract`), so validating never changes training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .metrics import LOSS_SOURCES
+from .scoring import DatasetSchema, ScoreReport, inference_schema, score_records
+
+__all__ = ["PER_LABEL_KEY", "evaluate_session", "model_extractor", "native_losses", "score_extraction"]
+
+PER_LABEL_KEY = "per_label"  # the per-label rows inside a validation metrics entry
+Pair = tuple[str, dict[str, Any]]
+Extract = Callable[[list[str], list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+def native_losses(session: Any, batches: Sequence[Sequence[Pair]]) -> dict[str, float]:
+    """gliner2's eval-mode losses, averaged over the batches (``eval_loss`` and its components)."""
+    totals = dict.fromkeys(LOSS_SOURCES, 0.0)
+    for batch in batches:
+        losses = session.forward(batch, return_components=True)
+        for key, source in LOSS_SOURCES.items():
+            totals[key] += losses[source]
+    return {key: value / len(batches) for key, value in totals.items()}
+
+
+def score_extraction(pairs: Sequence[Pair], extract: Extract) -> ScoreReport:
+    """Extract every record's text with the data set's schema (one batched call) and score it against its gold."""
+    outputs: list[Mapping[str, Any]] = [output for _, output in pairs]
+    dataset = DatasetSchema.of(outputs)
+    schemas = [inference_schema(output, dataset) for output in outputs]
+    predictions = extract([text for text, _ in pairs], schemas)
+    return score_records(outputs, predictions, dataset)
+
+
+def evaluate_session(
+    session: Any, batches: Sequence[Sequence[Pair]], *, extraction: bool, threshold: float
+) -> dict[str, Any]:
+    """The validation metrics of the live model: losses, then (with `extraction`) P/R/F1 and the per-label rows."""
+    metrics: dict[str, Any] = dict(native_losses(session, batches))
+    if extraction:
+        pairs = [pair for batch in batches for pair in batch]
+        size = max((len(batch) for batch in batches), default=1)
+
+        def extract(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return session.extract(texts, schemas, threshold=threshold, batch_size=size)
+
+        report = score_extraction(pairs, extract)
+        metrics.update(report.metrics())
+        metrics[PER_LABEL_KEY] = report.rows()
+    return metrics
+
+
+def model_extractor(model: Any, *, threshold: float = 0.5, batch_size: int = 8) -> Extract:
+    """gliner2's public batched extraction (``batch_extract``) on a loaded model, for scoring an exported model."""
+
+    def extract(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        import torch
+        from gliner2.inference.schema import Schema
+
+        built = [Schema.from_dict(dict(schema)) for schema in schemas]
+        with torch.no_grad():
+            results: list[dict[str, Any]] = model.batch_extract(
+                texts, built, batch_size=batch_size, threshold=threshold
+            )
+        return results
+
+    return extract

@@ -1,0 +1,50 @@
+"""Validation metric names in one place: which keys validation reports and which direction is better.
+
+Torch-free. The managed driver, held-out evaluation, the flows' reports and the retraining decision all read their key
+lists from here, so a metric is spelled once.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_METRIC",
+    "EVAL_KEYS",
+    "EXTRACTION_KEYS",
+    "KIND_F1_KEYS",
+    "LOSS_KEYS",
+    "LOSS_SOURCES",
+    "greater_is_better_for",
+    "is_extraction_metric",
+]
+
+# eval key -> the component gliner2's forward returns (native eval-mode losses, averaged over eval batches)
+LOSS_SOURCES: dict[str, str] = {
+    "eval_loss": "total_loss",
+    "eval_classification_loss": "classification_loss",
+    "eval_structure_loss": "structure_loss",
+    "eval_count_loss": "count_loss",
+}
+LOSS_KEYS: tuple[str, ...] = tuple(LOSS_SOURCES)
+
+# task kind (scoring.KINDS) -> its micro F1 key
+KIND_F1_KEYS: dict[str, str] = {
+    "entities": "eval_entity_f1",
+    "relations": "eval_relation_f1",
+    "classifications": "eval_classification_f1",
+    "structures": "eval_structure_f1",
+}
+# micro precision / recall / F1 over every task kind, the per-kind F1s and the macro F1 over labels
+EXTRACTION_KEYS: tuple[str, ...] = ("eval_precision", "eval_recall", "eval_f1", *KIND_F1_KEYS.values(), "eval_macro_f1")
+EVAL_KEYS: tuple[str, ...] = LOSS_KEYS + EXTRACTION_KEYS
+
+DEFAULT_METRIC = "eval_f1"
+
+
+def is_extraction_metric(name: str) -> bool:
+    """True for the metrics computed from extractions (precision, recall, F1), False for losses."""
+    return name in EXTRACTION_KEYS
+
+
+def greater_is_better_for(name: str) -> bool:
+    """Extraction metrics are better when higher, losses when lower; unknown names are refused by the caller."""
+    return is_extraction_metric(name)
