@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.runtime.errors import RunLockedError
-from prefect_gliner2.runtime.lease import RunLease
+from prefect_gliner2.runtime.lease import CLAIMS_DIR, RunLease
 from prefect_gliner2.runtime.rundir import RunDirectory
 
 from support.processes import pid_gone
@@ -105,21 +105,27 @@ def test_remote_lease_record_with_heartbeat_and_ttl() -> None:
     second.release()
 
 
-def test_remote_release_removes_only_its_own_record() -> None:
+def test_remote_release_removes_only_its_own_claim() -> None:
     run_dir = _remote()
-    path = f"{run_dir.path}/.lease"
-    first = RunLease(run_dir, flow_run_id="one", ttl=0.6)
+    folder = f"{run_dir.path}/{CLAIMS_DIR}"
+    first = RunLease(run_dir, flow_run_id="one", ttl=0.6, wait=0)
     first.acquire()
     first.check()  # held and not lost: nothing to raise
-    record = json.loads(run_dir.fs.cat_file(path))
-    assert (record["owner"], record["flow_run_id"], record["ttl"]) == (first.owner["owner"], "one", 0.6)
+    [claim] = [json.loads(run_dir.fs.cat_file(path)) for path in run_dir.fs.ls(folder, detail=False)]
+    assert (claim["owner"], claim["flow_run_id"], claim["ttl"], claim["held"]) == (
+        first.owner["owner"],
+        "one",
+        0.6,
+        True,
+    )
     first._stop.set()  # stale after its TTL
     time.sleep(0.8)
-    second = RunLease(run_dir, flow_run_id="two", ttl=0.6)
+    second = RunLease(run_dir, flow_run_id="two", ttl=0.6, wait=0)
     second.acquire()
-    first.release()  # the record is the taker's now: left in place
-    assert json.loads(run_dir.fs.cat_file(path))["owner"] == second.owner["owner"]
+    first.release()  # removes its own claim only: the taker's stays
+    owners = [json.loads(run_dir.fs.cat_file(path))["owner"] for path in run_dir.fs.ls(folder, detail=False)]
+    assert owners == [second.owner["owner"]]
     second.release()
-    assert not run_dir.fs.exists(path)
-    with RunLease(run_dir, ttl=0.6) as third:  # free again
+    assert not run_dir.fs.exists(folder) or run_dir.fs.ls(folder, detail=False) == []
+    with RunLease(run_dir, ttl=0.6, wait=0) as third:  # free again
         assert third.held

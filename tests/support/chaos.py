@@ -371,7 +371,7 @@ def _staged_run(finished: Path, target: Path, checkpoint: str) -> None:
     """What a crash right after committing `checkpoint` leaves: later checkpoints, export and final cursor gone."""
     shutil.copytree(finished, target)
     shutil.rmtree(target / "export", ignore_errors=True)
-    names = sorted(p.name for p in (target / "checkpoints").iterdir())
+    names = sorted(p.name for p in (target / "checkpoints").iterdir() if p.name.startswith("step-"))
     for name in names[names.index(checkpoint) + 1 :]:
         shutil.rmtree(target / "checkpoints" / name)
     from prefect_gliner2.session_core.checkpoint import read_checkpoint
@@ -408,7 +408,9 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     )
     reference = run_in_process({**base, "run_key": "reference"})
     finished = storage / "reference"
-    newest = sorted(p.name for p in (finished / "checkpoints").iterdir())[-2]  # the one before the final
+    newest = sorted(p.name for p in (finished / "checkpoints").iterdir() if p.name.startswith("step-"))[
+        -2
+    ]  # the one before the final
     results: list[FaultResult] = []
 
     def damage_truncate(ckpt: Path) -> None:
@@ -479,7 +481,9 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     # A real failing write in the middle of a run: once the first checkpoint is committed, prlimit(2) gives the
     # running flow process and its worker RLIMIT_FSIZE = 64 KiB, so the next checkpoint's files fail with EFBIG.
     key = "disk-full"
-    first = int(sorted(p.name for p in (finished / "checkpoints").iterdir())[0].rsplit("-", 1)[1])
+    first = int(
+        sorted(p.name for p in (finished / "checkpoints").iterdir() if p.name.startswith("step-"))[0].rsplit("-", 1)[1]
+    )
     after = first + 2  # a batch trained after the first checkpoint was committed (and its cursor written)
     markers = root / "markers-disk-full"
     markers.mkdir(parents=True, exist_ok=True)
