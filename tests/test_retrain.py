@@ -236,7 +236,7 @@ def _swapped(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_promotion_follows_extraction_f1_on_test_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate with better F1 is promoted, a worse one is not; the decision names both F1s and the data."""
-    monkeypatch.setattr(retrain, "emit_event", lambda **kw: None)
+    monkeypatch.setattr(flow_events, "emit_event", lambda **kw: None)
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(16, seed=99))
     test = write_jsonl(tmp_path / "test.jsonl", tiny_records(16, seed=98))
     learns = training_config(batch_size=8, gradient_accumulation_steps=1, num_epochs=12, encoder_lr=5e-3, task_lr=2e-2)
