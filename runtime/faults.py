@@ -34,7 +34,7 @@ from prefect_gliner2.session_core.errors import ConfigError
 
 __all__ = ["ACTIONS", "POINTS", "Fault", "FaultPlan", "hit", "install", "installed", "uninstall"]
 
-POINTS = frozenset({"batch", "validate", "checkpoint", "checkpoint-write", "export-write", "cursor", "unit"})
+POINTS = frozenset({"batch", "validate", "checkpoint", "checkpoint-write", "export-write", "cursor", "prune", "unit"})
 ACTIONS = frozenset({"pause", "kill", "raise", "oserror"})
 
 
