@@ -1,6 +1,7 @@
 """Real model size (the gliner2-base shape, built offline): step overhead, checkpoint I/O and resume, side by side.
 
     python bench/realsize.py [--arch span,boundary] [--steps 4] [--device cpu|cuda] [--bf16] [--json OUT] [--smoke]
+                             [--resume-only]
 
 For each architecture a randomly initialised model of the gliner2-base shape (DeBERTa-v3-base encoder: hidden 768,
 12 layers, the full 128,100-token vocabulary; `GLINER2_BASE_SIZE`) is built in code, and in one process:
@@ -12,8 +13,11 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
 - checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes, load_state (into a fresh session)
   vs a raw read of the same bytes (both from the page cache: the files were just written), and the extra peak
   RSS during each (above the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
-- resume: a fresh session that verifies the checkpoint as the flow process does (`read_checkpoint`), loads it and
-  runs its first batch, against a fresh session that runs its first batch; the ratio of the two wall times.
+- resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
+  then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
+  batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
+  of the index check and of the full streamed verification the flow process did before (`read_checkpoint`).
+  `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
 Background checkpoint writes are not implemented yet: their column says so.
 """
 
@@ -41,7 +45,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
-from prefect_gliner2.session_core.checkpoint import read_checkpoint  # noqa: E402
+from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
 from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -187,7 +191,11 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     session = new_session(model_dir, cfg, plan, args.device)
     parameters = sum(p.numel() for p in session.model.parameters())
     row: dict[str, Any] = {"arch": arch, "parameters": parameters, "build_s": time.perf_counter() - built}
-    row.update(step_ratio(session, plan, args.steps, args.device))
+    if args.resume_only:  # one update, so that the checkpoint holds the AdamW moments as a real one does
+        session.forward_backward(plan.batch(0))
+        session.optim_step()
+    else:
+        row.update(step_ratio(session, plan, args.steps, args.device))
     progress(row)
 
     session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
@@ -198,14 +206,15 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     session.close()  # drops the model and optimizer: the fresh session below is the only one alive
     gc.collect()
 
-    raw_write, raw_read = raw_io(size, tmp)
-    row.update(raw_write_s=raw_write, raw_read_s=raw_read)
-    fresh = new_session(model_dir, cfg, plan, args.device)
-    load_s, before, peak, after = timed(lambda: fresh.load_state(str(ckpt)))
-    row.update(load_s=load_s, load_extra_rss=(peak - max(before, after)) / size)
-    progress(row)
-    fresh.close()
-    gc.collect()
+    if not args.resume_only:
+        raw_write, raw_read = raw_io(size, tmp)
+        row.update(raw_write_s=raw_write, raw_read_s=raw_read)
+        fresh = new_session(model_dir, cfg, plan, args.device)
+        load_s, before, peak, after = timed(lambda: fresh.load_state(str(ckpt)))
+        row.update(load_s=load_s, load_extra_rss=(peak - max(before, after)) / size)
+        progress(row)
+        fresh.close()
+        gc.collect()
 
     row.update(resume(model_dir, cfg, plan, args, ckpt))
     progress(row)
@@ -227,7 +236,7 @@ def resume(
     def start(restore: bool) -> float:
         started = time.perf_counter()
         if restore:
-            read_checkpoint(str(ckpt))  # the flow process's damage check (a full streamed verification)
+            open_checkpoint(str(ckpt), min_version=1)  # the flow process's damage check: index and sizes only
         session = new_session(model_dir, cfg, plan, args.device)
         if restore:
             session.load_state(str(ckpt))
@@ -239,28 +248,19 @@ def resume(
         return seconds
 
     fresh_s = start(False)
-    verify_s = timed(lambda: read_checkpoint(str(ckpt)))[0]
+    index_s = timed(lambda: open_checkpoint(str(ckpt), min_version=1))[0]
+    verify_s = timed(lambda: read_checkpoint(str(ckpt)))[0]  # what the flow process read before: for comparison
     resume_s = start(True)
-    return {"fresh_start_s": fresh_s, "resume_s": resume_s, "resume_ratio": resume_s / fresh_s, "verify_s": verify_s}
+    return {
+        "fresh_start_s": fresh_s,
+        "resume_s": resume_s,
+        "resume_ratio": resume_s / fresh_s,
+        "index_check_s": index_s,
+        "verify_s": verify_s,
+    }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arch", default="span,boundary")
-    parser.add_argument("--steps", type=int, default=4, help="measured steps of each kind (after one warm-up each)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--json", help="also write the rows as JSON to this file")
-    parser.add_argument("--smoke", action="store_true", help="a small DeBERTa-v3 instead of the real size")
-    args = parser.parse_args()
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", str(min(os.cpu_count() or 2, 16)))))
-    rows = []
-    for arch in args.arch.split(","):
-        with tempfile.TemporaryDirectory(prefix="realsize-", dir=os.environ.get("BENCH_TMP")) as tmp:
-            rows.append(measure(arch, args, tmp))
-        print(f"{arch}: done", file=sys.stderr, flush=True)
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, {'bf16' if args.bf16 else 'fp32'}")
+def print_all(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'arch':9} {'params M':>8} {'native s':>8} {'session s':>9} {'step ratio':>10} {'ckpt GB':>7} "
         f"{'save/raw':>8} {'load/raw':>8} {'save +RAM':>9} {'load +RAM':>9} {'bg vs block':>11} {'resume':>6}"
@@ -273,15 +273,52 @@ def main() -> None:
             f"{'n/a':>11} {r['resume_ratio']:6.2f}"
         )
     print(
-        f"\n{'arch':9} {'save s':>7} {'raw w s':>7} {'load s':>7} {'raw r s':>7} {'verify s':>8} {'fresh s':>7} "
-        f"{'resume s':>8}"
+        f"\n{'arch':9} {'save s':>7} {'raw w s':>7} {'load s':>7} {'raw r s':>7} {'index s':>7} {'verify s':>8} "
+        f"{'fresh s':>7} {'resume s':>8}"
     )
     for r in rows:
         print(
             f"{r['arch']:9} {r['save_s']:7.2f} {r['raw_write_s']:7.2f} {r['load_s']:7.2f} {r['raw_read_s']:7.2f} "
-            f"{r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f}"
+            f"{r['index_check_s']:7.3f} {r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f}"
         )
     print("bg vs block: background checkpoint writes are not implemented yet (checkpoints block training)")
+
+
+def print_resume(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'arch':9} {'params M':>8} {'ckpt GB':>7} {'index s':>7} {'verify s':>8} {'fresh s':>7} {'resume s':>8} "
+        f"{'resume':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['arch']:9} {r['parameters'] / 1e6:8.1f} {r['checkpoint_bytes'] / 1e9:7.2f} {r['index_check_s']:7.3f} "
+            f"{r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f} {r['resume_ratio']:6.2f}"
+        )
+    print("index s: the flow process's damage check now; verify s: the full verification it did before (not run)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", default="span,boundary")
+    parser.add_argument("--steps", type=int, default=4, help="measured steps of each kind (after one warm-up each)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--json", help="also write the rows as JSON to this file")
+    parser.add_argument("--smoke", action="store_true", help="a small DeBERTa-v3 instead of the real size")
+    parser.add_argument("--resume-only", action="store_true", help="only checkpoint bytes and the resume figures")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", str(min(os.cpu_count() or 2, 16)))))
+    rows = []
+    for arch in args.arch.split(","):
+        with tempfile.TemporaryDirectory(prefix="realsize-", dir=os.environ.get("BENCH_TMP")) as tmp:
+            rows.append(measure(arch, args, tmp))
+        print(f"{arch}: done", file=sys.stderr, flush=True)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, {'bf16' if args.bf16 else 'fp32'}")
+    if args.resume_only:
+        print_resume(rows)
+    else:
+        print_all(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -55,7 +55,7 @@ from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
 from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
-from prefect_gliner2.session_core.errors import ConfigError, PrecisionError
+from prefect_gliner2.session_core.errors import CheckpointDamagedError, ConfigError, PrecisionError
 from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
 from prefect_gliner2.session_core.storage import resolve
 from prefect_gliner2.tasks.export import export_model
@@ -337,18 +337,9 @@ def _open(
         logger.info("removed debris of an interrupted run: %s", ", ".join(removed))
     if prepared.manifest is not None and run_dir.ensure_manifest(prepared.manifest):
         logger.info("new run %s: manifest written to %s", run_dir.run_key, run_dir.manifest_uri)
-    damaged = run_dir.recover_damaged_restore_point(prepared.plan.epoch)
+    damaged = run_dir.recover_damaged_restore_point(prepared.plan.epoch)  # the index only: no payload is read
     if damaged:
-        restore = run_dir.read_cursor()
-        logger.warning(
-            "checkpoint %s is damaged: moved aside as %s%s-*; continuing from the previous intact "
-            "checkpoint %s (batch %s)",
-            damaged,
-            layout.DAMAGED_PREFIX,
-            damaged,
-            restore.checkpoint if restore else None,
-            restore.cursor if restore else None,
-        )
+        _log_damaged(run_dir, damaged)
     recorded = run_dir.read_run_info() or {}
     threads = cpu_threads or recorded.get("cpu_threads") or default_cpu_threads()
     run_dir.ensure_run_info(
@@ -377,6 +368,8 @@ def _open(
         worker = SessionWorker(spec, restore_locator=run_dir.newest_checkpoint_uri, name=f"gliner2-{run_dir.run_key}")
         if prewarm:
             worker.start()  # the child imports torch and restores while the flow sets up
+            if run_dir.read_cursor() is not None:
+                _restored_or_fallen_back(worker, run_dir, prepared.plan.epoch)
     live = LiveRun(
         run_dir.run_key,
         run_dir,
@@ -390,6 +383,32 @@ def _open(
     )
     live_runs.register(live)
     return live
+
+
+def _restored_or_fallen_back(worker: SessionWorker, run_dir: RunDirectory, epoch_of: Any) -> None:
+    """Wait for the worker's restore, the only full (verified) read of the checkpoint. When it finds the checkpoint
+    damaged, move it aside, rewind the cursor to the previous intact one and restore that instead (CheckpointError
+    when no earlier checkpoint is intact)."""
+    while True:
+        worker.start()
+        try:
+            worker.call(Status())
+            return
+        except CheckpointDamagedError as exc:
+            damaged = run_dir.fall_back_from(worker.restored_from or "", exc, epoch_of)
+            _log_damaged(run_dir, damaged)
+
+
+def _log_damaged(run_dir: RunDirectory, damaged: str) -> None:
+    restore = run_dir.read_cursor()
+    get_run_logger().warning(
+        "checkpoint %s is damaged: moved aside as %s%s-*; continuing from the previous intact checkpoint %s (batch %s)",
+        damaged,
+        layout.DAMAGED_PREFIX,
+        damaged,
+        restore.checkpoint if restore else None,
+        restore.cursor if restore else None,
+    )
 
 
 def check_runnable(prepared: PreparedRun, device: str | None) -> None:

@@ -14,6 +14,13 @@ Retention (``keep_checkpoints=N``): after a checkpoint is committed and the dura
 checkpoints are pruned down to the newest N plus the checkpoint taken at the best validation step; the checkpoint
 the cursor names is never touched. A checkpoint is deleted index first (from then on it is not a checkpoint,
 only debris), then its files; a kill in between leaves an index-less directory that the next prune removes.
+
+Blobs (``checkpoints/blobs/``: best weights, content-addressed, written by the worker *before* the index of the
+checkpoint that refers to them) are kept while referenced: after the checkpoints are pruned, a blob is deleted when
+no remaining committed checkpoint refers to it *and* it is older than the newest committed checkpoint's index.
+The worker writes one checkpoint at a time, so a blob written for a checkpoint whose index is not committed yet
+(pipelined operations may be writing it while the flow prunes) is never older than the newest committed index:
+it is kept, as is a blob that checkpoint reuses (the newest committed checkpoint, never pruned, refers to it).
 """
 
 from __future__ import annotations
@@ -24,14 +31,15 @@ from typing import Any
 
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.rundir import RunDirectory, checkpoint_position
+from prefect_gliner2.session_core.layout import BLOB_DIR, CHECKPOINTS_DIR
 from prefect_gliner2.session_core.layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
-from prefect_gliner2.session_core.layout import CHECKPOINTS_DIR
 
 __all__ = [
     "ENV_CPU_THREADS",
     "ENV_WORKER_SLOTS",
     "default_cpu_threads",
     "disk_used",
+    "prune_blobs",
     "prune_checkpoints",
     "usable_cpus",
 ]
@@ -125,6 +133,39 @@ def _delete_checkpoint(run_dir: RunDirectory, name: str) -> None:
     run_dir.fs.rm(f"{folder}/{INDEX_FILE}")  # from here on it is no checkpoint, only debris
     faults.hit("prune", checkpoint_position(name)[1])
     run_dir.fs.rm(folder, recursive=True)
+
+
+def prune_blobs(run_dir: RunDirectory) -> list[str]:
+    """Delete blobs no committed checkpoint refers to that are older than the newest committed index (see the
+    module docstring); returns their names. Call only while holding the lease, after `prune_checkpoints`. When an
+    index cannot be read the references are unknown and nothing is deleted (logged)."""
+    from prefect_gliner2.session_core.checkpoint import checkpoint_refs
+    from prefect_gliner2.session_core.errors import CheckpointError
+
+    fs = run_dir.fs
+    store = f"{run_dir.path}/{CHECKPOINTS_DIR}/{BLOB_DIR}"
+    committed = run_dir.committed_checkpoints()  # one listing: the references and the newest index agree
+    if not committed or not fs.exists(store):
+        return []
+    try:
+        referenced = {
+            ref.path.rsplit("/", 1)[-1] for name in committed for ref in checkpoint_refs(run_dir.checkpoint_uri(name))
+        }
+    except CheckpointError as exc:
+        logger.warning("blobs not pruned: %s", exc)
+        return []
+    newest_index = fs.modified(f"{run_dir.path}/{CHECKPOINTS_DIR}/{committed[-1]}/{INDEX_FILE}")
+    fs.invalidate_cache(store)
+    removed = []
+    for entry in fs.ls(store, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if not name.startswith("sha256-") or name in referenced:
+            continue
+        path = f"{store}/{name}"
+        if fs.modified(path) < newest_index:
+            fs.rm(path)
+            removed.append(f"{BLOB_DIR}/{name}")
+    return removed
 
 
 def disk_used(run_dir: RunDirectory) -> dict[str, Any]:

@@ -5,6 +5,7 @@
         run.json                            run settings that must not change on resume (model, threads, device)
         cursor.json                         the durable cursor: newest committed checkpoint + its cursor
         checkpoints/step-000012-batch-000047/   managed checkpoints (atomic, hash-verified)
+        checkpoints/blobs/                  best weights, content-addressed, kept while a checkpoint refers to them
         export/                             the exported model (unless an export location is given)
         .lease                              the lease (flock on local storage; owner + heartbeat elsewhere)
 
@@ -241,26 +242,41 @@ class RunDirectory:
         return [name for *_, name in sorted(found)]
 
     def recover_damaged_restore_point(self, epoch_of: Any) -> str | None:
-        """If the checkpoint the cursor names fails verification, quarantine it and rewind the cursor to the newest
-        intact earlier checkpoint of the same plan (the replay from there is deterministic: nothing is lost).
-        Returns the quarantined name, None when the restore point is intact; raises CheckpointError when no
-        intact earlier checkpoint exists. Call only while holding the lease."""
-        from prefect_gliner2.session_core.checkpoint import read_checkpoint
+        """If the checkpoint the cursor names fails the index check (the index parses, every file it lists is present
+        with its recorded size: stats only, no payload is read), quarantine it and rewind the cursor to the newest
+        earlier checkpoint of the same plan that passes the same check. Contents are verified by the worker as it
+        restores; when that fails, call `fall_back_from`. Returns the quarantined name, None when the index check
+        passes; raises CheckpointError when no intact earlier checkpoint exists. Call only while holding the lease."""
+        from prefect_gliner2.session_core.checkpoint import open_checkpoint
         from prefect_gliner2.session_core.errors import CheckpointError
 
         cursor = self.read_cursor()
         if cursor is None:
             return None
         try:
-            read_checkpoint(self.checkpoint_uri(cursor.checkpoint))
+            open_checkpoint(self.checkpoint_uri(cursor.checkpoint), min_version=1)
             return None
         except CheckpointError as exc:
-            damage = exc
+            return self._rewind(cursor, exc, epoch_of)
+
+    def fall_back_from(self, checkpoint_uri: str, damage: Exception, epoch_of: Any) -> str:
+        """The worker found `checkpoint_uri` (the cursor's checkpoint) damaged while restoring it: quarantine it and
+        rewind the cursor as `recover_damaged_restore_point` does. Returns the quarantined name; raises `damage`
+        (with the reason) when the cursor names another checkpoint, CheckpointError when no earlier one is intact."""
+        cursor = self.read_cursor()
+        if cursor is None or self.checkpoint_uri(cursor.checkpoint) != checkpoint_uri:
+            raise damage
+        return self._rewind(cursor, damage, epoch_of)
+
+    def _rewind(self, cursor: DurableCursor, damage: Exception, epoch_of: Any) -> str:
+        from prefect_gliner2.session_core.checkpoint import open_checkpoint
+        from prefect_gliner2.session_core.errors import CheckpointError
+
         for name in reversed(self.committed_checkpoints()):
             if name == cursor.checkpoint:
                 continue
             try:
-                meta = read_checkpoint(self.checkpoint_uri(name)).meta
+                meta = open_checkpoint(self.checkpoint_uri(name), min_version=1).meta
             except CheckpointError:
                 continue
             if meta.get("plan_fingerprint") != cursor.fingerprint or int(meta.get("cursor", -1)) > cursor.cursor:

@@ -153,7 +153,7 @@ class SessionRunner:
         self.run = ManagedTraining(session, self.plan, eval_examples=evals if evals else None)
         self.restored_from = restore_uri
         if restore_uri:
-            self.run.load_state(restore_uri)  # restores everything, including what init_weights had loaded
+            _restore(self.run, restore_uri)  # restores everything, including what init_weights had loaded
         elif init is not None and not base_from_init:
             session.load_weights(init)
         self.threads = torch.get_num_threads()
@@ -341,6 +341,28 @@ def _is_native_model_dir(uri: str) -> bool:
         and not fs.exists(f"{path}/{layout.CHECKPOINT_INDEX_FILE}")
         and not fs.exists(f"{path}/{layout.ADAPTER_CONFIG_FILE}")
     )
+
+
+def _restore(run: Any, uri: str) -> None:
+    """`run.load_state(uri)`, the only full read of a checkpoint on resume (verified as it streams). A failure that
+    may come from damaged bytes (e.g. a header parsed before its file's hash is complete) is re-checked by streaming
+    the checkpoint through its hashes once more: damage raises CheckpointDamagedError (the flow then falls back to
+    the previous checkpoint), anything else is raised as it was."""
+    from prefect_gliner2.session_core.checkpoint import read_checkpoint
+    from prefect_gliner2.session_core.errors import CheckpointDamagedError
+
+    try:
+        run.load_state(uri)
+    except CheckpointDamagedError:
+        raise
+    except Exception as exc:
+        try:
+            read_checkpoint(uri, min_version=1)
+        except CheckpointDamagedError as damage:
+            raise damage from exc
+        except Exception:  # noqa: BLE001 - not damage: the original error says what is wrong
+            pass
+        raise
 
 
 def _committed_meta(uri: str) -> dict[str, Any] | None:

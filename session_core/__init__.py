@@ -6,8 +6,8 @@ session, managed driver and weights helpers import torch and gliner2, and load o
 imports gliner2 and so torch; torch-free planning takes native dicts ``{"input": text, "output": {...}}`` or JSONL.
 
 Exceptions (all in prefect_gliner2.session_core.errors): SessionCoreError and its subclasses ConfigError, RecordError,
-ManifestError, PlanMismatchError, PrecisionError, CheckpointError, StateMismatchError, WeightsError,
-AdapterMismatchError, SessionStateError, TrainingNumericsError.
+ManifestError, PlanMismatchError, PrecisionError, CheckpointError (and its CheckpointDamagedError), StateMismatchError,
+WeightsError, AdapterMismatchError, SessionStateError, TrainingNumericsError.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from .config import TrainingConfig
 from .errors import (
     AdapterMismatchError,
+    CheckpointDamagedError,
     CheckpointError,
     ConfigError,
     ManifestError,
@@ -41,6 +42,7 @@ _LAZY = {
 
 __all__ = [
     "AdapterMismatchError",
+    "CheckpointDamagedError",
     "CheckpointError",
     "ConfigError",
     "InputExample",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from . import layout
-from .errors import CheckpointError
+from .errors import CheckpointDamagedError, CheckpointError
 from .layout import BLOB_DIR
 from .layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
 from .storage import directory_commit, fsync_dir, is_local, open_new_local, resolve
@@ -49,6 +49,7 @@ __all__ = [
     "VerifiedReader",
     "checkpoint_exists",
     "checkpoint_meta",
+    "checkpoint_refs",
     "open_checkpoint",
     "read_checkpoint",
     "store_blob",
@@ -84,7 +85,7 @@ class FileRef:
     @classmethod
     def from_dict(cls, value: Any, where: str) -> FileRef:
         if not isinstance(value, dict) or not _REF_PATH.match(str(value.get("path"))):
-            raise CheckpointError(f"{where} has an invalid blob reference {value!r}; the index is damaged")
+            raise CheckpointDamagedError(f"{where} has an invalid blob reference {value!r}; the index is damaged")
         return cls(str(value["path"]), str(value.get("sha256")), int(value.get("bytes", -1)))
 
 
@@ -259,13 +260,13 @@ class VerifiedReader:
         if self.size != self.expected_bytes:
             raise self._truncated(self.size)
         if self._sha.hexdigest() != self._entry.get("sha256"):
-            raise CheckpointError(
+            raise CheckpointDamagedError(
                 f"checkpoint file {self.name} in {self.uri} does not match its recorded sha256: edited or corrupted; "
                 "use an earlier checkpoint"
             )
 
     def _truncated(self, size: int) -> CheckpointError:
-        return CheckpointError(
+        return CheckpointDamagedError(
             f"checkpoint file {self.name} in {self.uri} has {size} bytes, the index says {self.expected_bytes}: "
             "truncated or replaced; use an earlier checkpoint"
         )
@@ -297,12 +298,12 @@ class Checkpoint:
         """Every listed file exists with its listed size (a stat each; contents are checked while reading)."""
         for name, (file_path, entry) in self._entries.items():
             if not self._fs.exists(file_path):
-                raise CheckpointError(
+                raise CheckpointDamagedError(
                     f"checkpoint {self.uri} is missing {name}; restore it from a copy or use an earlier checkpoint"
                 )
             size = self._fs.size(file_path)
             if size != entry.get("bytes"):
-                raise CheckpointError(
+                raise CheckpointDamagedError(
                     f"checkpoint file {name} in {self.uri} has {size} bytes, the index says {entry.get('bytes')}: "
                     "truncated or replaced; use an earlier checkpoint"
                 )
@@ -351,11 +352,11 @@ def _load_index(fs: Any, path: str, uri: str) -> dict[str, Any] | None:
     try:
         index = json.loads(fs.cat_file(index_path))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(
+        raise CheckpointDamagedError(
             f"checkpoint index {index_path} is not valid JSON ({exc}); the checkpoint is damaged"
         ) from exc
     if not isinstance(index, dict):
-        raise CheckpointError(f"checkpoint index {index_path} is not a JSON object; the checkpoint is damaged")
+        raise CheckpointDamagedError(f"checkpoint index {index_path} is not a JSON object; the checkpoint is damaged")
     return index
 
 
@@ -370,6 +371,19 @@ def checkpoint_meta(uri: str) -> dict[str, Any] | None:
         return None
     meta = index.get("meta")
     return meta if isinstance(meta, dict) else {}
+
+
+def checkpoint_refs(uri: str) -> list[FileRef]:
+    """The blob references in the index of the committed checkpoint at `uri` (none without an index); reads the
+    index only. CheckpointDamagedError when the index or a reference in it is unreadable."""
+    fs, path = resolve(uri)
+    index = _load_index(fs, path.rstrip("/"), uri)
+    if index is None:
+        return []
+    refs = index.get("refs") or {}
+    if not isinstance(refs, dict):
+        raise CheckpointDamagedError(f"{uri} has invalid blob references {refs!r}; the index is damaged")
+    return [FileRef.from_dict(value, uri) for value in refs.values()]
 
 
 def open_checkpoint(uri: str, *, min_version: int = FORMAT_VERSION) -> Checkpoint:

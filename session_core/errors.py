@@ -7,6 +7,7 @@
     ├── PlanMismatchError (ValueError)    a checkpoint or run key belongs to a different plan
     ├── PrecisionError (RuntimeError)     a precision the hardware or the session cannot honour
     ├── CheckpointError (RuntimeError)    a checkpoint is missing, truncated, edited or incomplete
+    │   └── CheckpointDamagedError        its files differ from its index (hash, size, missing): use an earlier one
     ├── StateMismatchError (ValueError)   load_state on a session whose config/model/device differs
     ├── WeightsError (ValueError)         load_weights/export_weights input is wrong for this model
     ├── AdapterMismatchError (WeightsError) a preloaded/loaded LoRA adapter differs from the config
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdapterMismatchError",
+    "CheckpointDamagedError",
     "CheckpointError",
     "ConfigError",
     "ManifestError",
@@ -60,6 +62,11 @@ class PrecisionError(SessionCoreError, RuntimeError):
 
 class CheckpointError(SessionCoreError, RuntimeError):
     """A checkpoint is missing, truncated, edited, incomplete, or uses a forbidden format."""
+
+
+class CheckpointDamagedError(CheckpointError):
+    """A checkpoint's files differ from its index (sha256, size, a file or the index missing or unreadable): the
+    bytes were damaged after the commit. A run falls back to its previous intact checkpoint."""
 
 
 class StateMismatchError(SessionCoreError, ValueError):

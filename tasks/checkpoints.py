@@ -18,7 +18,7 @@ from prefect.events import emit_event
 
 from prefect_gliner2.runtime import faults, live_runs
 from prefect_gliner2.runtime.protocol import Checkpoint, CheckpointResult
-from prefect_gliner2.runtime.resources import prune_checkpoints
+from prefect_gliner2.runtime.resources import prune_blobs, prune_checkpoints
 from prefect_gliner2.runtime.rundir import DurableCursor
 from prefect_gliner2.session_core.layout import checkpoint_name
 from prefect_gliner2.tasks.training import RETRYING, call_worker
@@ -65,6 +65,10 @@ def checkpoint(run_key: str, index: int, step: int) -> CheckpointResult:
     info = dataclasses.replace(info, pruned=tuple(pruned))
     if pruned:
         logger.info("retention (keep %s): removed %s", run.keep_checkpoints, ", ".join(pruned))
+    if run.keep_checkpoints is not None:
+        blobs = prune_blobs(run.run_dir)
+        if blobs:
+            logger.info("retention: removed best-weight blobs no checkpoint refers to: %s", ", ".join(blobs))
     recorded = dataclasses.asdict(info)
     emit_event(
         event=CHECKPOINT_EVENT,

@@ -122,7 +122,10 @@ def test_a_corrupted_weights_byte_is_caught_in_the_same_pass_and_fails_the_sessi
 
 
 def test_best_weights_are_stored_once_and_referenced_by_every_checkpoint(tmp_path):
-    config = make_config("span", False, eval_strategy="steps", eval_steps=1, save_best=True, num_epochs=3)
+    # eval_loss: it improves several times in a tiny run (extraction F1, the default, stays at 0 for a tiny model)
+    config = make_config(
+        "span", False, eval_strategy="steps", eval_steps=1, save_best=True, num_epochs=3, metric_for_best="eval_loss"
+    )
     plan = make_plan("span", config)
     run = ManagedTraining(
         TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()

@@ -342,6 +342,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
             run_key="span-tampered",
             storage=str(storage),
             checkpoint_every=2,
+            keep_checkpoints=None,  # the checkpoint tampered with below must still be there
         )
         shutil.rmtree(storage / "span-tampered" / "export")
     run = storage / "span-tampered"

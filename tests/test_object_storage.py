@@ -22,6 +22,7 @@ import pytest
 
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.session_core import layout
+from prefect_gliner2.session_core.checkpoint import checkpoint_refs
 
 from support.config import training_config
 from support.flow import ROOT, assert_same_export, flow_child, make_space, reference_export, run_flow, wait_for_marker
@@ -70,13 +71,20 @@ def test_a_run_on_s3_exports_the_reference_bits_and_keeps_bounded_checkpoints(
 
     fs, _ = fsspec.core.url_to_fs(s3_bucket)
     fs.invalidate_cache()
-    listed = fs.ls(f"{s3_bucket}/runs/s3-span/checkpoints", detail=False)
-    kept = sorted(name for name in (p.rsplit("/", 1)[-1] for p in listed) if name != layout.BLOB_DIR)
+    listed = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3_bucket}/runs/s3-span/checkpoints", detail=False))
+    kept = [name for name in listed if layout.parse_checkpoint_name(name)]  # (beside them: the blob store)
     # 6 updates, a checkpoint after each: the newest two plus the one taken at the best validation step survive
     best = f"step-{summary['best_step']:06d}-"
     assert summary["checkpoint"] in kept and 2 <= len(kept) <= 3, kept
     assert any(name.startswith(best) for name in kept), (best, kept)
     assert summary["checkpoints_kept"] == len(kept)
+    stored = {p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3_bucket}/runs/s3-span/checkpoints/blobs", detail=False)}
+    referenced = {
+        ref.path.rsplit("/", 1)[-1]
+        for name in kept
+        for ref in checkpoint_refs(f"{s3_bucket}/runs/s3-span/checkpoints/{name}")
+    }
+    assert referenced and referenced <= stored  # best weights kept while a checkpoint refers to them
     assert summary["disk_bytes"] >= summary["checkpoint_bytes"] > 0
 
 

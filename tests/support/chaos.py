@@ -408,9 +408,7 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     )
     reference = run_in_process({**base, "run_key": "reference"})
     finished = storage / "reference"
-    newest = sorted(p.name for p in (finished / "checkpoints").iterdir() if p.name.startswith("step-"))[
-        -2
-    ]  # the one before the final
+    newest = sorted(p.name for p in (finished / "checkpoints").iterdir() if layout.parse_checkpoint_name(p.name))[-2]
     results: list[FaultResult] = []
 
     def damage_truncate(ckpt: Path) -> None:
@@ -481,9 +479,8 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
     # A real failing write in the middle of a run: once the first checkpoint is committed, prlimit(2) gives the
     # running flow process and its worker RLIMIT_FSIZE = 64 KiB, so the next checkpoint's files fail with EFBIG.
     key = "disk-full"
-    first = int(
-        sorted(p.name for p in (finished / "checkpoints").iterdir() if p.name.startswith("step-"))[0].rsplit("-", 1)[1]
-    )
+    checkpoints = sorted(p.name for p in (finished / "checkpoints").iterdir() if layout.parse_checkpoint_name(p.name))
+    first = int(checkpoints[0].rsplit("-", 1)[1])  # (the blob store beside them is no checkpoint)
     after = first + 2  # a batch trained after the first checkpoint was committed (and its cursor written)
     markers = root / "markers-disk-full"
     markers.mkdir(parents=True, exist_ok=True)
