@@ -19,12 +19,17 @@ Local storage is reported as absolute paths (``/srv/runs/ner-v1``), any other st
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.events import emit_event
 
 from prefect_gliner2.session_core.storage import absolute_uri
 from prefect_gliner2.tasks.checkpoints import CHECKPOINT_EVENT, run_resource
+
+if TYPE_CHECKING:
+    from prefect_gliner2.runtime.live_runs import LiveRun
+    from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory
+
 
 __all__ = [
     "CHECKPOINT_EVENT",
@@ -36,8 +41,10 @@ __all__ = [
     "RUN_STARTED",
     "VALIDATION_COMPLETED",
     "absolute_uri",
+    "emit_failed",
     "emit_model_event",
     "emit_run_event",
+    "emit_start",
 ]
 
 RUN_STARTED = "prefect-gliner2.run.started"
@@ -68,3 +75,34 @@ def emit_model_event(event: str, name: str, version: str, payload: dict[str, Any
         },
         payload={"model_name": name, "version": version, **payload},
     )
+
+
+def emit_start(live: LiveRun, cursor: DurableCursor | None, previous: str | None, export_uri: str) -> None:
+    """run.started for a run key's first training, run.resumed (naming the previous flow run) for a continuation."""
+    payload: dict[str, Any] = {
+        "run_dir": live.run_dir.uri,
+        "manifest": live.run_dir.manifest_uri,
+        "export": export_uri,
+        "batch_count": live.plan.batch_count,
+        "max_steps": live.plan.max_steps,
+        "plan_fingerprint": live.fingerprint,
+    }
+    if cursor is None:
+        emit_run_event(RUN_STARTED, live.run_key, live.flow_run_id, {**payload, "previous_flow_run": previous})
+        return
+    resumed: dict[str, Any] = {"resumes_flow_run": previous, "cursor": cursor.cursor, "step": cursor.step}
+    resumed["checkpoint"] = live.run_dir.checkpoint_uri(cursor.checkpoint)
+    emit_run_event(RUN_RESUMED, live.run_key, live.flow_run_id, {**payload, **resumed})
+
+
+def emit_failed(run_dir: RunDirectory, flow_run_id: str | None, exc: BaseException) -> None:
+    """run.failed with the error and the durable position (never raises: the run's own error is what matters)."""
+    try:
+        cursor = run_dir.read_cursor()
+        payload = {"run_dir": run_dir.uri, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        payload |= {"cursor": cursor.cursor if cursor else 0, "step": cursor.step if cursor else 0}
+        emit_run_event(RUN_FAILED, run_dir.run_key, flow_run_id, payload)
+    except Exception:  # noqa: BLE001 - the run's own error is what matters
+        from prefect import get_run_logger
+
+        get_run_logger().warning("could not emit %s for run %s", RUN_FAILED, run_dir.run_key)

@@ -31,11 +31,10 @@ from pydantic import Field
 from prefect_gliner2.flows.driver import DriveResult, drive
 from prefect_gliner2.flows.events import (
     RUN_COMPLETED,
-    RUN_FAILED,
-    RUN_RESUMED,
-    RUN_STARTED,
     absolute_uri,
+    emit_failed,
     emit_run_event,
+    emit_start,
 )
 from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.reporting import RunReporter
@@ -52,7 +51,7 @@ from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
 from prefect_gliner2.runtime.protocol import Export, ExportResult, Status
 from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
-from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory, validate_run_key
+from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.errors import CheckpointDamagedError, ConfigError, PrecisionError
@@ -306,7 +305,7 @@ def train_flow(
     except BaseException as exc:
         if not (is_transient(exc) and _retry_follows()):
             live_runs.unregister(run_dir.run_key)
-            _emit_failed(run_dir, flow_run_id, exc)
+            emit_failed(run_dir, flow_run_id, exc)
         code = permanent_storage_errno(exc)
         if code is not None and not isinstance(exc, StorageFullError):
             raise storage_full_error(code, f"{type(exc).__name__}: {exc}") from exc
@@ -474,7 +473,7 @@ def _train(
     try:
         reporter.introduce(resumes=previous)
         reporter.start(start, cursor.step if cursor else 0)
-        _emit_start(live, cursor, previous, export_uri)
+        emit_start(live, cursor, previous, export_uri)
         outcome = DriveResult()
         if cursor is None or not cursor.finished:
             outcome = drive(
@@ -524,34 +523,6 @@ def _completed_state(message: str, summary: dict[str, Any]) -> dict[str, Any]:
     if context is None or context.flow_run is None or context.flow_run.run_count > 1:
         return summary
     return cast(dict[str, Any], Completed(message=message, data=summary))
-
-
-def _emit_start(live: LiveRun, cursor: DurableCursor | None, previous: str | None, export_uri: str) -> None:
-    """run.started for a run key's first training, run.resumed (naming the previous flow run) for a continuation."""
-    payload: dict[str, Any] = {
-        "run_dir": live.run_dir.uri,
-        "manifest": live.run_dir.manifest_uri,
-        "export": export_uri,
-        "batch_count": live.plan.batch_count,
-        "max_steps": live.plan.max_steps,
-        "plan_fingerprint": live.fingerprint,
-    }
-    if cursor is None:
-        emit_run_event(RUN_STARTED, live.run_key, live.flow_run_id, {**payload, "previous_flow_run": previous})
-        return
-    resumed: dict[str, Any] = {"resumes_flow_run": previous, "cursor": cursor.cursor, "step": cursor.step}
-    resumed["checkpoint"] = live.run_dir.checkpoint_uri(cursor.checkpoint)
-    emit_run_event(RUN_RESUMED, live.run_key, live.flow_run_id, {**payload, **resumed})
-
-
-def _emit_failed(run_dir: RunDirectory, flow_run_id: str | None, exc: BaseException) -> None:
-    try:
-        cursor = run_dir.read_cursor()
-        payload = {"run_dir": run_dir.uri, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        payload |= {"cursor": cursor.cursor if cursor else 0, "step": cursor.step if cursor else 0}
-        emit_run_event(RUN_FAILED, run_dir.run_key, flow_run_id, payload)
-    except Exception:  # noqa: BLE001 - the run's own error is what matters
-        get_run_logger().warning("could not emit %s for run %s", RUN_FAILED, run_dir.run_key)
 
 
 _PER_ATTEMPT = ("units_run", "worker_starts", "flow_run_id", "disk_bytes", "checkpoint_bytes", "checkpoints_kept")
