@@ -8,6 +8,10 @@ an API error is logged and training goes on.
 The background threads use their own API client (the flow's closes when the flow ends, and a thread may still be
 finishing its last jobs then) and name the flow run explicitly; they start from an empty context plus a copy of the
 flow's Prefect settings (which API to talk to), so no Prefect context variable is reset or overwritten.
+
+The state message follows the cursor too: at the start, at every checkpoint and validation and at least every
+``message_interval`` seconds, a Running state with the position as its message (see ``_set_running_message``:
+it does not count as a new attempt); the final message is the Completed state's.
 """
 
 from __future__ import annotations
@@ -139,6 +143,7 @@ class RunReporter:
         run_dir: str | None = None,
         interval: float = 3.0,
         log_interval: float = 10.0,
+        message_interval: float = 60.0,
     ) -> None:
         self.run_key, self.plan, self.flow_run_id, self.interval = run_key, plan, flow_run_id, interval
         self.run_dir = run_dir
@@ -146,7 +151,8 @@ class RunReporter:
         self.validations: list[dict[str, Any]] = []
         self.labels: dict[str, Any] = {}  # extra labels (what this run resumes, the generated name)
         self._artifacts: dict[str, Any] = {}
-        self._last_push = self._last_log = 0.0
+        self._last_push = self._last_log = self._last_message = 0.0
+        self.message_interval = message_interval
         self.state: dict[str, Any] = {"cursor": 0, "step": 0, "epoch": 0, "loss": None, "learning_rate": None}
         self._push_queued = self._labels_queued = self._final = False
         self._ui = _Lane("gliner2-reporter", run_key) if flow_run_id is not None else None
@@ -271,8 +277,12 @@ class RunReporter:
         if not self._push_queued:
             self._push_queued = True
             self._submit(self._push_now)
-        if force and self._labels is not None and not self._labels_queued:
+        # labels and the state message: at every checkpoint, validation and the end, and at least every
+        # message_interval seconds while training
+        due = force or now - self._last_message >= self.message_interval
+        if due and self._labels is not None and not self._labels_queued:
             self._labels_queued = True
+            self._last_message = now
             self._labels.submit(self._labels_now)
 
     def _submit(self, job: Job) -> None:
@@ -285,8 +295,6 @@ class RunReporter:
         percent = 100.0 if final else round(100.0 * s["cursor"] / max(self.plan.batch_count, 1), 1)
         where = self.where(s)
         self._upsert(client, "progress", percent, f"{self.run_key}: {where}")
-        # The state message is not updated while running: every Running state the server accepts counts as a new
-        # attempt (run_count), which would use up the flow's retries. The final message is the Completed state's.
         client.update_flow_run(
             UUID(str(self.flow_run_id)), name=f"{self.run_key} · {where}" + (" · done" if final else "")
         )
@@ -304,6 +312,8 @@ class RunReporter:
                 "prefect-gliner2.step": s["step"],
             },
         )
+        if not self._final:  # the final message is the Completed state's
+            _set_running_message(client, UUID(str(self.flow_run_id)), f"{self.run_key}: {self.where(s)}")
 
     def _upsert(self, client: Any, what: str, data: Any, description: str) -> None:
         """Update this run key's artifact `what` in place; create it (for this flow run, named explicitly: the
@@ -331,6 +341,30 @@ class RunReporter:
         named = {**summary, "flow_run_name": self.labels.get(NAME_LABEL)}
         text = summary_markdown(self.run_key, named, validations)
         self._upsert(client, "summary", text, f"summary of {self.run_key}")
+
+
+def _set_running_message(client: Any, flow_run_id: UUID, message: str) -> None:
+    """Show `message` as the running flow run's state message, without counting a new attempt.
+
+    A state message can only change with a new state, and every Running state the server accepts increments the
+    run's ``run_count`` (which would use up the flow's retries) unless the run's policy is marked ``resuming``
+    (Prefect's mechanism for continuing a paused run: the server then clears the mark in the same transition).
+    So: only while the run is Running, mark it resuming and propose Running with the message; when the server
+    refuses, take the mark back. The read-then-propose window is milliseconds; a cancellation landing in it is
+    still acted on (the runner reacts to the Cancelling event itself)."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.responses import SetStateStatus
+    from prefect.states import Running
+
+    flow_run = client.read_flow_run(flow_run_id)
+    state = flow_run.state
+    if state is None or state.type != StateType.RUNNING or state.message == message:
+        return
+    policy = flow_run.empirical_policy
+    client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"resuming": True}))
+    result = client.set_flow_run_state(flow_run_id, Running(message=message))
+    if result.status != SetStateStatus.ACCEPT:
+        client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"resuming": False}))
 
 
 def _finite_or_none(value: Any) -> Any:

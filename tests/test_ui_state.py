@@ -6,6 +6,7 @@ rounded and epochs 1-based; the run's events tell the same story."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,13 @@ def test_a_finished_runs_labels_name_and_message_are_its_final_position(space: d
     with _client() as client:  # read at once: no waiting for a background update
         flow_run = client.read_flow_run(UUID(summary["flow_run_id"]))
         states = client.read_flow_run_states(UUID(summary["flow_run_id"]))
-    assert [s.type.value for s in states].count("RUNNING") == 1  # one attempt: progress never adds Running states
+    # the state message followed the cursor (one Running state per message) without counting new attempts
+    assert flow_run.run_count == 1, "position messages must not use up the flow's retries"
+    running = [s.message or "" for s in states if s.type.value == "RUNNING"]
+    assert len(running) >= 2 and running[0] == "", running  # the engine's own Running state, then ours
+    batches = [int(re.search(r"batch (\d+)/12", m).group(1)) for m in running[1:]]  # type: ignore[union-attr]
+    assert batches == sorted(batches) and batches[0] == 0, running  # (a tiny run: later ones may coalesce)
+    assert all(m.startswith("ui-final: epoch ") for m in running[1:]), running
     labels = flow_run.labels
     assert (labels["prefect-gliner2.batch"], labels["prefect-gliner2.step"]) == (cursor["cursor"], cursor["step"])
     assert (cursor["cursor"], cursor["step"], labels["prefect-gliner2.epoch"]) == (12, 6, 2)
@@ -81,15 +88,25 @@ def test_a_finished_runs_labels_name_and_message_are_its_final_position(space: d
         assert row["eval_loss"] == float(f"{row['eval_loss']:.6g}")  # rounded to 6 significant digits
 
 
-def _crash_at(params: dict[str, Any], point: str, markers: Path, api_url: str, *, delivered: tuple[str, int]) -> None:
+def _crash_at(
+    params: dict[str, Any], point: str, markers: Path, api_url: str, *, delivered: tuple[str, int], message: str
+) -> None:
     """SIGKILL the flow process paused at `point`, once the server has the event `delivered` (events a process
-    emits just before it is killed may be lost with it: that is no part of what is tested here)."""
+    emits just before it is killed may be lost with it: that is no part of what is tested here) and the running
+    flow run's state message contains `message`."""
     markers.mkdir(parents=True)
     name, index = point.rsplit(":", 1)
     process = flow_child(params, FaultPlan((Fault.pause(name, int(index), 120),), markers=str(markers)), api_url)
     try:
         wait_for_marker(markers, f"{name}-{index}", process)
-        _events(params["run_key"], *delivered)
+        [started] = _events(params["run_key"], *delivered)[:1]
+        flow_run_id = UUID(started.payload["flow_run_id"])
+        deadline = time.monotonic() + 30
+        with _client() as client:
+            while message not in ((state := client.read_flow_run(flow_run_id).state) and state.message or ""):
+                assert time.monotonic() < deadline, f"the running state message never showed {message!r}"
+                time.sleep(0.5)
+            assert state is not None and state.is_running()
     finally:
         kill9(process)
 
@@ -120,7 +137,9 @@ def test_crash_and_resume_continue_one_set_of_artifacts_and_tell_in_events(
 ) -> None:
     params = _params(space, "ui-crash")
     # killed at batch 8, after the checkpoint at batch 7
-    _crash_at(params, "batch:8", space["root"] / "markers", prefect_server, delivered=(CHECKPOINT_EVENT, 8))
+    # ... its state message following the cursor while it runs (set at the checkpoint)
+    markers = space["root"] / "markers"
+    _crash_at(params, "batch:8", markers, prefect_server, delivered=(CHECKPOINT_EVENT, 8), message="batch 8/12")
     crashed = json.loads((space["root"] / "runs" / "ui-crash" / ".lease").read_text())["flow_run_id"]
     [progress] = _artifacts(artifact_key("ui-crash", "progress"))
     assert 0 < progress.data < 100
