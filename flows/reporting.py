@@ -30,7 +30,7 @@ from typing import Any
 from uuid import UUID
 
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
-from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, LOSS_KEYS
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, KIND_F1_KEYS, LOSS_KEYS
 
 __all__ = [
     "RunReporter",
@@ -411,12 +411,15 @@ def _prf(row: dict[str, Any]) -> str:
 
 def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The validation table: position (1-based epoch, as in the run name), overall P/R/F1 and the per-kind and macro
-    F1s that were measured, "P / R / F1" per label, then the native losses; rounded."""
+    F1s that were measured (a task kind with no label in the validation schema has no column: its F1 would read 0),
+    "P / R / F1" per label, then the native losses; rounded."""
     rows = []
     for entry in validations:
         row: dict[str, Any] = {"step": entry.get("step"), "epoch": int(entry.get("epoch", 0)) + 1}
         row["batch"] = entry.get("batch")
-        row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry})
+        labels = entry.get("per_label")
+        absent = {key for kind, key in KIND_F1_KEYS.items() if labels and all(r["kind"] != kind for r in labels)}
+        row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry and key not in absent})
         for label in entry.get("per_label") or []:
             name = label["label"] if label["kind"] == "entities" else f"{label['kind']}/{label['label']}"
             row[f"{name} P / R / F1"] = _prf(label)

@@ -54,7 +54,13 @@ from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
-from prefect_gliner2.session_core.errors import CheckpointDamagedError, ConfigError, PrecisionError
+from prefect_gliner2.session_core.errors import (
+    BF16_NEEDS_CUDA,
+    EARLY_STOPPING_NEEDS_VALIDATION,
+    CheckpointDamagedError,
+    ConfigError,
+    PrecisionError,
+)
 from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
 from prefect_gliner2.session_core.storage import resolve
 from prefect_gliner2.tasks.export import export_model
@@ -414,12 +420,9 @@ def check_runnable(prepared: PreparedRun, device: str | None) -> None:
     """Refuse, before any task runs, what the worker would refuse for a configuration reason (same messages)."""
     config = prepared.plan.config
     if config.early_stopping and not prepared.has_validation:
-        raise ConfigError("early_stopping=True needs eval_examples; pass validation records or disable early stopping")
+        raise ConfigError(EARLY_STOPPING_NEEDS_VALIDATION)
     if config.bf16 and device == "cpu":
-        raise PrecisionError(
-            "bf16=True needs a CUDA device with native bf16; CPU mixed precision is refused instead of "
-            "silently falling back to fp32. Pass bf16=False to train in fp32 on CPU."
-        )
+        raise PrecisionError(BF16_NEEDS_CUDA)
 
 
 def _check_hardware(live: LiveRun, bf16: bool, device: str | None) -> None:

@@ -34,7 +34,14 @@ import torch
 from gliner2.training.trainer import ExtractorCollator, ExtractorTrainer, get_scheduler
 from gliner2.training.trainer import TrainingConfig as NativeTrainingConfig
 
-from .errors import AdapterMismatchError, ConfigError, PrecisionError, RecordError, TrainingNumericsError
+from .errors import (
+    BF16_NEEDS_CUDA,
+    AdapterMismatchError,
+    ConfigError,
+    PrecisionError,
+    RecordError,
+    TrainingNumericsError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +57,7 @@ def resolve_device(requested: str | None, bf16: bool) -> torch.device:
         raise PrecisionError("device 'cuda' was requested but CUDA is not available; pass device='cpu'")
     if bf16:
         if device.type != "cuda":
-            raise PrecisionError(
-                "bf16=True needs a CUDA device with native bf16; CPU mixed precision is refused instead of "
-                "silently falling back to fp32. Pass bf16=False to train in fp32 on CPU."
-            )
+            raise PrecisionError(BF16_NEEDS_CUDA)
         if not torch.cuda.is_bf16_supported(including_emulation=False):
             raise PrecisionError(
                 f"bf16=True but {torch.cuda.get_device_name(device)} has no hardware-native bf16 "

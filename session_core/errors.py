@@ -20,6 +20,8 @@ Messages say what was wrong and what to do. Deterministic errors (everything abo
 from __future__ import annotations
 
 __all__ = [
+    "BF16_NEEDS_CUDA",
+    "EARLY_STOPPING_NEEDS_VALIDATION",
     "AdapterMismatchError",
     "CheckpointDamagedError",
     "CheckpointError",
@@ -34,6 +36,15 @@ __all__ = [
     "TrainingNumericsError",
     "WeightsError",
 ]
+
+# Refusals checked in two places (the session, and the flow before any task runs): one wording.
+BF16_NEEDS_CUDA = (
+    "bf16=True needs a CUDA device with native bf16; CPU mixed precision is refused instead of silently falling "
+    "back to fp32. Pass bf16=False to train in fp32 on CPU."
+)
+EARLY_STOPPING_NEEDS_VALIDATION = (
+    "early_stopping=True needs eval_examples; pass validation records or disable early stopping"
+)
 
 
 class SessionCoreError(Exception):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .checkpoint import FileRef, open_checkpoint, store_blob, write_checkpoint
-from .errors import ConfigError, PlanMismatchError, SessionStateError
+from .errors import EARLY_STOPPING_NEEDS_VALIDATION, ConfigError, PlanMismatchError, SessionStateError
 from .evaluation import evaluate_session
 from .layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
 from .metrics import EVAL_KEYS, LOSS_KEYS
@@ -335,9 +335,7 @@ class ManagedTraining:
                 f"metric_for_best={metric!r} is not computed by the managed driver; use one of {computed}"
             )
         if self.config.early_stopping and not self._eval_batches:
-            raise ConfigError(
-                "early_stopping=True needs eval_examples; pass validation records or disable early stopping"
-            )
+            raise ConfigError(EARLY_STOPPING_NEEDS_VALIDATION)
 
 
 def _eval_batches(examples: Any, batch_size: int) -> list[list[tuple[str, dict[str, Any]]]]:
