@@ -271,6 +271,8 @@ class SessionRunner:
             committed=False,
         )
         if run.cursor != index + 1:
+            if uri in self._written:  # written in the background by this worker, not committed by the flow yet
+                return self._written[uri]
             reason = f"the session is at cursor {run.cursor}, past batch {index}; nothing to write there"
             return dataclasses.replace(info, reason=reason)
         existing = _committed_meta(uri)
@@ -396,6 +398,8 @@ class BackgroundWrite:
             self._digest = self._write()
         except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the worker's main thread
             self.error = exc
+        finally:
+            del self._write  # the snapshot it holds is freed as soon as the write ends
 
     def done(self) -> bool:
         return not self._thread.is_alive()
