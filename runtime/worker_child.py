@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from prefect_gliner2.runtime.background import BackgroundWrite
 from prefect_gliner2.runtime.faults import FaultPlan
 from prefect_gliner2.runtime.model_sources import load_model
 from prefect_gliner2.runtime.protocol import (
@@ -379,37 +380,6 @@ HANDLERS: dict[type, Callable[[SessionRunner, Any], Result]] = {
     Export: SessionRunner.export,
     Summary: SessionRunner.summary,
 }
-
-
-class BackgroundWrite:
-    """One checkpoint write running in its own thread; `wait()` returns its index hash or raises its error."""
-
-    def __init__(self, info: CheckpointResult, write: Callable[[], str]) -> None:
-        self.info = info
-        self.uri = info.uri
-        self.error: BaseException | None = None
-        self._digest: str | None = None
-        self._write = write
-        self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._digest = self._write()
-        except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the worker's main thread
-            self.error = exc
-        finally:
-            del self._write  # the snapshot it holds is freed as soon as the write ends
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> str:
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        assert self._digest is not None
-        return self._digest
 
 
 def init_weights_dir(uri: str, lora: bool) -> str:
