@@ -164,6 +164,28 @@ def test_full_storage_in_a_background_write_fails_the_run_and_keeps_the_cursor(s
     assert not checkpoint_exists(str(run / "checkpoints" / NAMES[2]))
 
 
+@pytest.mark.usefixtures("prefect_server")
+def test_early_stopping_commits_the_background_checkpoint_then_the_final_one(space: dict[str, Any]) -> None:
+    """Checkpoint 1 is written in the background while batches 2-3 train and validation stops the run at batch 3
+    (operations sent ahead): it is committed, then the final checkpoint; the export equals a direct run's."""
+    cfg = training_config(
+        eval_strategy="steps",
+        eval_steps=1,
+        early_stopping=True,
+        early_stopping_patience=1,
+        early_stopping_threshold=1e9,
+    )
+    params = {**_flow(space, "bg-early", pipeline_depth=2), "config": cfg, "checkpoint_every": 1}
+    summary = run_flow(**params)
+    assert summary["stopped_early"] and summary["total_steps"] == 2
+    run = space["root"] / "runs" / "bg-early"
+    cursor = json.loads((run / "cursor.json").read_text())
+    assert cursor["finished"] and cursor["checkpoint"] == "step-000002-batch-000003"
+    assert checkpoint_exists(str(run / "checkpoints" / "step-000001-batch-000001"))
+    reference = reference_export(space["span"], space["inputs"], cfg, space["root"] / "direct-early")
+    assert_same_export(summary["export"], reference)
+
+
 def test_kill_during_a_background_write_resumes_exactly(
     space: dict[str, Any], prefect_server: str, tmp_path: Path
 ) -> None:
