@@ -247,3 +247,45 @@ def _bytes(payload: Any) -> bytes:
     buffer = io.BytesIO()
     payload(buffer)
     return buffer.getvalue()
+
+
+def test_a_new_best_while_a_snapshot_waits_keeps_each_checkpoint_its_own_best(
+    space: dict[str, Any], tmp_path: Path
+) -> None:
+    """A prepared checkpoint names the best weights of its moment: a new best (a new dict, the old one never
+    mutated) found before the write gets its own blob, and the pending write still stores the old one."""
+    import safetensors.torch
+    import torch
+
+    from prefect_gliner2.runtime.model_sources import load_model
+    from prefect_gliner2.session_core import ManagedTraining, TrainingSession
+    from prefect_gliner2.session_core.records import load_records
+
+    torch.set_num_threads(THREADS)
+    cfg = training_config(eval_strategy="steps", eval_steps=1, eval_extraction=False, metric_for_best="eval_loss")
+    plan = ManagedTrainingPlan(space["inputs"]["train"], TrainingConfig.from_dict(cfg), "span")
+    evals = load_records(space["inputs"]["valid"], what="validation").examples()
+    session = TrainingSession(load_model(space["span"]), plan.config, max_steps=plan.max_steps)
+    run = ManagedTraining(session, plan, eval_examples=evals)
+    try:
+        run.run(until=2)  # one update, validated: the first best
+        assert run.best_step == 1 and run.best_state is not None
+        prepared = run.prepare_checkpoint(str(tmp_path / "a"))
+        old = run.best_state
+        kept = {name: tensor.clone() for name, tensor in old.items()}
+        run.run(until=plan.batch_count)
+        assert run.best_step is not None and run.best_step > 1 and run.best_state is not old, "no new best: vacuous"
+        assert all(torch.equal(old[name], kept[name]) for name in kept), "the old best was mutated in place"
+        run.write_prepared(prepared)
+        run.save_state(str(tmp_path / "b"))
+        blobs = {}
+        for name in ("a", "b"):
+            index = json.loads((tmp_path / name / layout.CHECKPOINT_INDEX_FILE).read_text())
+            blobs[name] = safetensors.torch.load_file(
+                str(tmp_path / name / index["refs"][layout.BEST_WEIGHTS_FILE]["path"])
+            )
+        assert all(torch.equal(blobs["a"][name], kept[name]) for name in kept)
+        assert all(torch.equal(blobs["b"][name], run.best_state[name]) for name in kept)
+        assert any(not torch.equal(blobs["a"][name], blobs["b"][name]) for name in kept)
+    finally:
+        run.close()
