@@ -246,10 +246,8 @@ def train_flow(
         lease_wait: Seconds to wait for a run key held by another live run before failing. A lease of this same
             flow run, of a process gone from this host, or of a flow run that Prefect reports final or CRASHED is
             taken over at once.
-        background_checkpoints: Write checkpoints while training continues instead of pausing for each write. Costs
-            one checkpoint's size of extra host RAM (weights, optimizer moments, gradients; a GPU run copies them to
-            host memory) while a write is in flight. The durable cursor moves only once a checkpoint is written, so
-            a kill during a write resumes from the previous checkpoint. Results are bit-identical either way.
+        background_checkpoints: Write checkpoints while training continues: costs one checkpoint's size of extra
+            host RAM while a write is in flight. The cursor moves once a checkpoint is written; results are the same.
     """
     logger = get_run_logger()
     prepared = _prepare(
@@ -337,6 +335,9 @@ def _open(
     """Inside the lease: clean debris, write/check the manifest and settings, start (or reuse) the worker."""
     run_dir = prepared.run_dir
     logger = get_run_logger()
+    existing = live_runs.lookup(run_dir.run_key)
+    if existing is not None:
+        existing.worker.settle()  # a background checkpoint write of a previous attempt's worker is not debris
     removed = run_dir.remove_debris(export_uri)
     if removed:
         logger.info("removed debris of an interrupted run: %s", ", ".join(removed))
@@ -358,7 +359,6 @@ def _open(
         init_weights=init_weights,
         faults=faults.installed(),  # None unless test code installed a fault plan in this process
     )
-    existing = live_runs.lookup(run_dir.run_key)
     if (
         existing is not None
         and existing.flow_run_id == flow_run_id

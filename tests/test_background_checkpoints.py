@@ -289,3 +289,24 @@ def test_a_new_best_while_a_snapshot_waits_keeps_each_checkpoint_its_own_best(
         assert any(not torch.equal(blobs["a"][name], blobs["b"][name]) for name in kept)
     finally:
         run.close()
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_flow_retry_lets_the_write_in_flight_finish_before_cleaning_debris(
+    space: dict[str, Any], tmp_path: Path
+) -> None:
+    """The flow fails after batch 8 while checkpoint 7 is still being written; its retry reuses the live worker and
+    waits for that write instead of deleting its staged files as debris: no worker restart, the same export."""
+    from prefect_gliner2.flows.train import train_flow
+
+    plan = FaultPlan(
+        (Fault.pause("checkpoint-write", 7, 6.0), Fault.fail("unit", 8, once=str(tmp_path / "raised"))),
+        markers=str(tmp_path),
+    )
+    params = {k: v for k, v in _flow(space, "bg-flow-retry").items()}
+    with installed_faults(plan):
+        summary = train_flow.with_options(retries=1)(**params, cpu_threads=THREADS)
+    assert (tmp_path / "raised").exists() and (tmp_path / "checkpoint-write-7").exists()
+    assert summary["worker_starts"] == 1
+    direct = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "direct")
+    assert_same_export(summary["export"], direct)

@@ -263,5 +263,6 @@ def test_background_checkpoints_is_an_opt_in_flow_parameter_that_states_its_ram_
     schema = train_flow.parameters.model_dump(mode="json")
     field = schema["properties"]["background_checkpoints"]
     assert field["default"] is False and field["type"] == "boolean"
-    assert "extra host RAM" in field["description"] and "one checkpoint's size" in field["description"]
+    description = " ".join(field["description"].split())
+    assert "one checkpoint's size of extra host RAM" in description
     assert "background_checkpoints" not in schema["definitions"]["TrainingSettings"]["properties"]
