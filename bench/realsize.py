@@ -18,7 +18,8 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
   of the index check and of the full streamed verification the flow process did before (`read_checkpoint`).
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
-Background checkpoint writes are not implemented yet: their column says so.
+- bg vs block: training seconds lost per checkpoint written in the background vs synchronously (bench/overlap.py's
+  `checkpoint_overlap`, on a fresh session; `--overlap-rounds 0` skips it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
+from overlap import checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
@@ -215,6 +217,13 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         progress(row)
         fresh.close()
         gc.collect()
+        if args.overlap_rounds:
+            overlap = checkpoint_overlap(
+                model_dir, arch, tmp, steps=args.steps, rounds=args.overlap_rounds, device=args.device, bf16=args.bf16
+            )
+            row.update({f"overlap_{key}": value for key, value in overlap.items()})
+            progress(row)
+            gc.collect()
 
     row.update(resume(model_dir, cfg, plan, args, ckpt))
     progress(row)
@@ -270,7 +279,7 @@ def print_all(rows: list[dict[str, Any]]) -> None:
             f"{r['arch']:9} {r['parameters'] / 1e6:8.1f} {r['native_step_s']:8.2f} {r['session_step_s']:9.2f} "
             f"{r['step_ratio']:10.3f} {r['checkpoint_bytes'] / 1e9:7.2f} {r['save_s'] / r['raw_write_s']:8.2f} "
             f"{r['load_s'] / r['raw_read_s']:8.2f} {r['save_extra_rss']:8.2f}x {r['load_extra_rss']:8.2f}x "
-            f"{'n/a':>11} {r['resume_ratio']:6.2f}"
+            f"{_overlap_cell(r):>11} {r['resume_ratio']:6.2f}"
         )
     print(
         f"\n{'arch':9} {'save s':>7} {'raw w s':>7} {'load s':>7} {'raw r s':>7} {'index s':>7} {'verify s':>8} "
@@ -281,7 +290,22 @@ def print_all(rows: list[dict[str, Any]]) -> None:
             f"{r['arch']:9} {r['save_s']:7.2f} {r['raw_write_s']:7.2f} {r['load_s']:7.2f} {r['raw_read_s']:7.2f} "
             f"{r['index_check_s']:7.3f} {r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f}"
         )
-    print("bg vs block: background checkpoint writes are not implemented yet (checkpoints block training)")
+    print(
+        f"\n{'arch':9} {'step s':>7} {'block lost s':>12} {'bg lost s':>9} {'snapshot s':>10} {'bg write s':>10} "
+        f"{'bg steps':>8}"
+    )
+    for r in rows:
+        if "overlap_bg_lost_s" in r:
+            print(
+                f"{r['arch']:9} {r['overlap_step_s']:7.2f} {r['overlap_sync_lost_s']:12.2f} "
+                f"{r['overlap_bg_lost_s']:9.2f} {r['overlap_snapshot_s']:10.2f} {r['overlap_bg_write_s']:10.2f} "
+                f"{r['overlap_bg_steps']:8.0f}"
+            )
+    print("bg vs block: training time lost per checkpoint, background / synchronous write (bench/overlap.py)")
+
+
+def _overlap_cell(row: dict[str, Any]) -> str:
+    return f"{row['overlap_bg_vs_sync']:.2f}" if "overlap_bg_vs_sync" in row else "skipped"
 
 
 def print_resume(rows: list[dict[str, Any]]) -> None:
@@ -306,6 +330,9 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="a small DeBERTa-v3 instead of the real size")
     parser.add_argument("--resume-only", action="store_true", help="only checkpoint bytes and the resume figures")
+    parser.add_argument(
+        "--overlap-rounds", type=int, default=1, help="rounds of the background vs blocking checkpoint measurement"
+    )
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", str(min(os.cpu_count() or 2, 16)))))
     rows = []

@@ -210,6 +210,16 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
                 f"{r['verify_s']:.2f} s",
             ),
         ]
+        if "overlap_bg_vs_sync" in r:
+            out.append(
+                (
+                    f"training time lost per checkpoint, background vs blocking write ({name})",
+                    f"{r['overlap_bg_vs_sync']:.2f}",
+                    f"{r['overlap_bg_lost_s']:.2f} s vs {r['overlap_sync_lost_s']:.2f} s; snapshot "
+                    f"{r['overlap_snapshot_s']:.2f} s, write {r['overlap_bg_write_s']:.2f} s during "
+                    f"{r['overlap_bg_steps']:.0f} steps of {r['overlap_step_s']:.2f} s",
+                )
+            )
     return out
 
 

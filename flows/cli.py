@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=_non_negative, default=100, help="checkpoint every N updates")
     train.add_argument("--batches-per-task", type=_positive, default=1, help="batches per Prefect task")
     train.add_argument("--pipeline-depth", type=_non_negative, default=0, help="operations sent ahead to the worker")
+    train.add_argument(
+        "--background-checkpoints",
+        action="store_true",
+        help="write checkpoints while training continues (costs one checkpoint's size of extra host RAM)",
+    )
     train.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     train.add_argument("--cpu-threads", type=_positive, help="torch threads in the worker (recorded per run)")
     train.add_argument("--json", action="store_true", help="print the run summary as JSON")
@@ -182,6 +187,7 @@ def _train(args: Any) -> int:
                 export_to=args.export_to,
                 batches_per_task=args.batches_per_task,
                 pipeline_depth=args.pipeline_depth,
+                background_checkpoints=args.background_checkpoints,
                 device=args.device,
                 cpu_threads=args.cpu_threads,
                 return_state=True,

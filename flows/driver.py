@@ -4,6 +4,11 @@ Pipelining (``pipeline_depth=d``): before the task of unit k runs, units k..k+d 
 the worker computes while Prefect records task runs; each task then joins its pre-sent operation instead of sending
 it. The worker executes operations in sending order, so checkpoints still land exactly where the schedule puts
 them; after a worker restart, pre-sent operations are sent again, in order, to the new incarnation.
+
+Background checkpoints (``background_checkpoints=True``): a checkpoint unit returns once the worker has taken its
+snapshot, and training goes on while the worker writes it. The driver commits it (``commit checkpoint`` task: the
+durable cursor moves, retention prunes, the event is emitted) as soon as its index exists after a later unit, and
+always before the next checkpoint unit, before an early-stop checkpoint and before the drive ends (the export).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, Request, ValidateResult
 from prefect_gliner2.runtime.schedule import Unit, unit_op, units
-from prefect_gliner2.tasks.checkpoints import checkpoint
+from prefect_gliner2.session_core.checkpoint import checkpoint_exists
+from prefect_gliner2.tasks.checkpoints import checkpoint, commit_checkpoint
 from prefect_gliner2.tasks.training import train_batches
 from prefect_gliner2.tasks.validation import validate
 
@@ -31,13 +37,41 @@ class DriveResult:
     units_run: int = 0
 
 
-def run_unit(run_key: str, unit: Unit) -> AdvanceResult | ValidateResult | CheckpointResult:
+def run_unit(
+    run_key: str, unit: Unit, *, background: bool = False
+) -> AdvanceResult | ValidateResult | CheckpointResult:
     """Run one unit as its Prefect task (synchronously, in the flow's thread)."""
     if unit.kind == "advance":
         return train_batches(run_key, unit.first, unit.through)
     if unit.kind == "validate":
         return validate(run_key, unit.through)
-    return checkpoint(run_key, unit.through, unit.step)
+    return checkpoint(run_key, unit.through, unit.step, background)
+
+
+class _Checkpoints:
+    """The driver's checkpoint results: the newest committed one, and the one background write awaiting commit."""
+
+    def __init__(self, run: LiveRun, reporter: RunReporter, outcome: DriveResult) -> None:
+        self.run, self.reporter, self.outcome = run, reporter, outcome
+        self.waiting: CheckpointResult | None = None
+
+    def record(self, result: CheckpointResult) -> None:
+        if result.pending:
+            self.waiting = result
+            return
+        self.outcome.last_checkpoint = result
+        self.reporter.checkpoint(result)
+
+    def commit_if_durable(self) -> None:
+        """Commit the waiting checkpoint if its index exists already (a stat: nothing is waited for)."""
+        if self.waiting is not None and checkpoint_exists(self.waiting.uri):
+            self.commit()
+
+    def commit(self) -> None:
+        """Commit the waiting checkpoint, waiting for its write if needed."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None:
+            self.record(commit_checkpoint(self.run.run_key, waiting.index, waiting.step))
 
 
 def drive(
@@ -50,10 +84,12 @@ def drive(
     validate_runs: bool,
     reporter: RunReporter,
     then: Request[Any] | None = None,
+    background_checkpoints: bool = False,
 ) -> DriveResult:
     """Run every unit from batch `start` to the end of the plan (or to early stopping).
 
     `then` is the worker request that follows the last unit (the export); when pipelining, it is sent ahead too.
+    With `background_checkpoints`, no checkpoint is left uncommitted when this returns.
     """
     plan = run.plan
     source = units(
@@ -62,6 +98,7 @@ def drive(
     pending: deque[Unit] = deque()
     sent: dict[Unit, str] = {}
     outcome = DriveResult()
+    checkpoints = _Checkpoints(run, reporter, outcome)
     exhausted = False
     while True:
         while not exhausted and len(pending) < pipeline_depth + 1:
@@ -70,31 +107,37 @@ def drive(
             if upcoming is not None:
                 pending.append(upcoming)
         if not pending:
+            checkpoints.commit()
             return outcome
         if pipeline_depth:
-            _presubmit(run, pending, sent)
+            _presubmit(run, pending, sent, background_checkpoints)
             if exhausted and then is not None and run.worker.alive:
                 run.worker.submit(then)  # joined by the export task (or re-sent by it)
         unit = pending.popleft()
-        result = run_unit(run.run_key, unit)
+        if unit.kind == "checkpoint":
+            checkpoints.commit()  # never two snapshots: the previous one is durable and committed first
+        result = run_unit(run.run_key, unit, background=background_checkpoints)
         if sent.pop(unit, None) is not None:
-            run.worker.release(unit_op(unit, run.run_dir))  # a cached task never consumed its pre-sent request
+            # a cached task never consumed its pre-sent request
+            run.worker.release(unit_op(unit, run.run_dir, background=background_checkpoints))
         outcome.units_run += 1
         faults.hit("unit", unit.through)
         if isinstance(result, AdvanceResult):
             reporter.progress(result)
         elif isinstance(result, CheckpointResult):
-            outcome.last_checkpoint = result
-            reporter.checkpoint(result)
+            checkpoints.record(result)
         else:
             reporter.validation(result)
             if result.stopped_early:
                 outcome.stopped_early = True
-                outcome.last_checkpoint = _final_checkpoint(run, unit, pending, reporter)
+                checkpoints.commit()
+                _final_checkpoint(run, unit, pending, checkpoints, background_checkpoints)
                 return outcome
+        if not isinstance(result, CheckpointResult):
+            checkpoints.commit_if_durable()
 
 
-def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str]) -> None:
+def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str], background: bool) -> None:
     worker = run.worker
     if not worker.alive:
         return  # the next task restarts it (and logs why); pre-sending resumes after that
@@ -102,15 +145,17 @@ def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str]) -> Non
     for unit in pending:
         if incarnation is None or sent.get(unit) == incarnation:
             continue
-        worker.submit(unit_op(unit, run.run_dir))
+        worker.submit(unit_op(unit, run.run_dir, background=background))
         sent[unit] = incarnation
 
 
-def _final_checkpoint(run: LiveRun, stop: Unit, pending: deque[Unit], reporter: RunReporter) -> CheckpointResult:
+def _final_checkpoint(
+    run: LiveRun, stop: Unit, pending: deque[Unit], checkpoints: _Checkpoints, background: bool
+) -> None:
     """Early stopping fired at `stop`: make the stopped state durable with a checkpoint at that batch."""
     step = run.plan.step_after(stop.through)
     unit = next((u for u in pending if u.kind == "checkpoint" and u.through == stop.through), None)
     target = unit or Unit("checkpoint", stop.through, stop.through, step)
-    result = checkpoint(run.run_key, target.through, target.step)
-    reporter.checkpoint(result)
-    return result
+    # the same operation as a pre-sent one (joined, not repeated); committed at once either way
+    checkpoints.record(checkpoint(run.run_key, target.through, target.step, background))
+    checkpoints.commit()

@@ -222,6 +222,7 @@ def train_flow(
     keep_checkpoints: Annotated[int, Field(ge=1)] | None = DEFAULT_KEEP_CHECKPOINTS,
     lease_ttl: Annotated[float, Field(ge=1)] = DEFAULT_LEASE_TTL,
     lease_wait: Annotated[float, Field(ge=0)] = DEFAULT_LEASE_WAIT,
+    background_checkpoints: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -251,6 +252,8 @@ def train_flow(
         lease_wait: Seconds to wait for a run key held by another live run before failing. A lease of this same
             flow run, of a process gone from this host, or of a flow run that Prefect reports final or CRASHED is
             taken over at once.
+        background_checkpoints: Write checkpoints while training continues: costs one checkpoint's size of extra
+            host RAM while a write is in flight. The cursor moves once a checkpoint is written; results are the same.
     """
     logger = get_run_logger()
     prepared = _prepare(
@@ -305,6 +308,7 @@ def train_flow(
             batches_per_task=batches_per_task,
             pipeline_depth=pipeline_depth,
             previous=previous,
+            background_checkpoints=background_checkpoints,
         )
         succeeded = True
         return _completed_state(f"{run_dir.run_key}: {where} · done; model at {summary['export']}", summary)
@@ -337,6 +341,9 @@ def _open(
     """Inside the lease: clean debris, write/check the manifest and settings, start (or reuse) the worker."""
     run_dir = prepared.run_dir
     logger = get_run_logger()
+    existing = live_runs.lookup(run_dir.run_key)
+    if existing is not None:
+        existing.worker.settle()  # a background checkpoint write of a previous attempt's worker is not debris
     removed = run_dir.remove_debris(export_uri)
     if removed:
         logger.info("removed debris of an interrupted run: %s", ", ".join(removed))
@@ -358,7 +365,6 @@ def _open(
         init_weights=init_weights,
         faults=faults.installed(),  # None unless test code installed a fault plan in this process
     )
-    existing = live_runs.lookup(run_dir.run_key)
     if (
         existing is not None
         and existing.flow_run_id == flow_run_id
@@ -457,6 +463,7 @@ def _train(
     batches_per_task: int,
     pipeline_depth: int,
     previous: str | None,
+    background_checkpoints: bool = False,
 ) -> tuple[dict[str, Any], str]:
     """Drive the run to its end and export; returns the summary and the final position in words."""
     logger = get_run_logger()
@@ -488,6 +495,7 @@ def _train(
                 validate_runs=prepared.has_validation,
                 reporter=reporter,
                 then=Export(uri=export_uri, which="best"),
+                background_checkpoints=background_checkpoints,
             )
         info = export_model(live.run_key, export_uri, "best")
         final = run_dir.read_cursor()

@@ -5,6 +5,9 @@
     Call(op_id, Advance(first, through))    ->     Reply(op_id, AdvanceResult | RemoteError)
     Call(op_id, Validate(index))            ->     Reply(op_id, ValidateResult | RemoteError)
     Call(op_id, Checkpoint(index, uri))     ->     Reply(op_id, CheckpointResult | RemoteError)
+    Call(op_id, Checkpoint(index, uri, background=True))  ->  CheckpointResult(pending=True): snapshot taken,
+                                                   the write runs in the worker's background thread
+    Call(op_id, CommitCheckpoint(index, uri))  ->  CheckpointResult once that write is durable (or its error)
     Call(op_id, Export(uri, which))         ->     Reply(op_id, ExportResult | RemoteError)
     Call(op_id, Status()) / Call(op_id, Summary())  ->  StatusResult / SummaryResult
     Close()                                 ->     (the worker releases its session and exits)
@@ -33,6 +36,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointResult",
     "Close",
+    "CommitCheckpoint",
     "Export",
     "ExportResult",
     "Init",
@@ -82,6 +86,7 @@ class StatusResult:
     cpu_threads: int
     device: str
     batch_count: int
+    pending_checkpoint: str | None = None  # the uri of the one background checkpoint write in flight, if any
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ class CheckpointResult:
     name: str | None = None  # set by the checkpoint task
     cursor_moved: bool | None = None  # set by the checkpoint task: the durable cursor moved to this checkpoint
     pruned: tuple[str, ...] = ()  # set by the checkpoint task: older checkpoints removed by retention
+    pending: bool = False  # a background write of this checkpoint is in flight (committed False until it ends)
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,17 @@ class Checkpoint(Request[CheckpointResult]):
     """A managed checkpoint after batch `index`, written to `uri` (advancing to it first)."""
 
     op: ClassVar[str] = "checkpoint"
+    index: int
+    uri: str
+    background: bool = False  # snapshot, then write in the background: the result is pending until committed
+
+
+@dataclass(frozen=True)
+class CommitCheckpoint(Request[CheckpointResult]):
+    """Wait until the background write of the checkpoint at `uri` (batch `index`) is durable and report it
+    committed; its failure is raised. With no such write in this worker: a ``Checkpoint(index, uri)``."""
+
+    op: ClassVar[str] = "commit-checkpoint"
     index: int
     uri: str
 

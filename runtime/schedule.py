@@ -52,10 +52,12 @@ def units(plan: Any, start: int, *, batches_per_task: int, checkpoint_every: int
             yield Unit("checkpoint", index, index, plan.step_after(index))
 
 
-def unit_op(unit: Unit, run_dir: RunDirectory) -> Request[Any]:
-    """The worker request a unit stands for (identical for the task and for pipelined pre-submission)."""
+def unit_op(unit: Unit, run_dir: RunDirectory, *, background: bool = False) -> Request[Any]:
+    """The worker request a unit stands for (identical for the task and for pipelined pre-submission); `background`
+    makes checkpoint units background checkpoints."""
     if unit.kind == "advance":
         return Advance(first=unit.first, through=unit.through)
     if unit.kind == "validate":
         return Validate(index=unit.through)
-    return Checkpoint(index=unit.through, uri=run_dir.checkpoint_uri(checkpoint_name(unit.step, unit.through)))
+    uri = run_dir.checkpoint_uri(checkpoint_name(unit.step, unit.through))
+    return Checkpoint(index=unit.through, uri=uri, background=background)

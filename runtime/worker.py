@@ -39,7 +39,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefect_gliner2.runtime.errors import WorkerDied
-from prefect_gliner2.runtime.protocol import Call, Close, Init, RemoteError, Reply, Request, WorkerSpec, decode_error
+from prefect_gliner2.runtime.protocol import (
+    Call,
+    Close,
+    CommitCheckpoint,
+    Init,
+    RemoteError,
+    Reply,
+    Request,
+    Status,
+    WorkerSpec,
+    decode_error,
+)
+from prefect_gliner2.session_core import layout
 
 R = TypeVar("R")
 
@@ -228,6 +240,21 @@ class SessionWorker:
         finally:
             if ticket.done():
                 self._forget(ticket)
+
+    def settle(self) -> None:
+        """Wait until the live child has no background checkpoint write in flight (nothing to do without a live
+        child). A flow retry that reuses this worker calls it before cleaning debris: the staging files of a
+        write in flight are not debris. A failed write is logged here; that child has exited and the next
+        operation starts a fresh one from the durable cursor."""
+        if not self.alive:
+            return
+        try:
+            pending = self.call(Status()).pending_checkpoint
+            position = layout.parse_checkpoint_name(pending.rstrip("/").rsplit("/", 1)[-1]) if pending else None
+            if pending and position is not None:
+                self.call(CommitCheckpoint(index=position[1], uri=pending))
+        except Exception as exc:  # noqa: BLE001 - the next operation restarts the worker; the cursor never moved
+            logger.warning("the background checkpoint write of session worker %s failed: %s", self.name, exc)
 
     def release(self, request: Request[Any]) -> None:
         """Drop the record of a request sent ahead that nobody will consume (e.g. its task was a cache hit)."""

@@ -11,6 +11,13 @@ replaying from a restored cursor when behind and only reporting recorded history
 ``Checkpoint`` and ``Export`` first advance to their position. So a skipped (cached) or repeated operation can
 never leave the session behind the plan.
 
+Background checkpoints (``Checkpoint(..., background=True)``): the worker snapshots the state at the checkpoint's
+position (detached host copies), starts one writer thread and answers ``pending`` at once, so the next operations
+train while the files are written. It never holds more than one snapshot: a second background checkpoint, an
+export and "close" first wait for the pending write. ``CommitCheckpoint`` waits for it and reports it committed
+(the flow moves the durable cursor only then). A failed background write is raised by the next operation, whatever
+it is (the worker then exits like after any error, and the flow restarts it from the durable cursor).
+
 Test fault injection reaches the worker only as ``WorkerSpec.faults`` (None in production); checkpoint and export
 writes run its ``checkpoint-write`` / ``export-write`` points through their ``before_commit`` callback.
 
@@ -33,6 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from prefect_gliner2.runtime.background import BackgroundWrite
 from prefect_gliner2.runtime.faults import FaultPlan
 from prefect_gliner2.runtime.model_sources import load_model
 from prefect_gliner2.runtime.protocol import (
@@ -42,6 +50,7 @@ from prefect_gliner2.runtime.protocol import (
     Checkpoint,
     CheckpointResult,
     Close,
+    CommitCheckpoint,
     Export,
     ExportResult,
     Init,
@@ -59,6 +68,7 @@ from prefect_gliner2.runtime.protocol import (
 from prefect_gliner2.session_core import layout, storage
 
 PR_SET_PDEATHSIG = 1
+_WRITTEN_KEPT = 64  # background writes remembered for CommitCheckpoint (operations sent ahead are at most 64)
 _WATCHDOG_SECONDS = 0.5
 
 
@@ -157,6 +167,8 @@ class SessionRunner:
         elif init is not None and not base_from_init:
             session.load_weights(init)
         self.threads = torch.get_num_threads()
+        self._writer: BackgroundWrite | None = None  # the one background checkpoint write in flight
+        self._written: dict[str, CheckpointResult] = {}  # background writes that ended, newest last (bounded)
 
     # ---- positions -----------------------------------------------------------------------------------------
 
@@ -187,6 +199,9 @@ class SessionRunner:
             raise TypeError(
                 f"the session worker has no operation for {type(request).__name__}; send a runtime.protocol request"
             )
+        writer = self._writer
+        if writer is not None and writer.done() and writer.error is not None:
+            self._settle()  # raises the failed background write before anything else happens
         return handler(self, request)
 
     def status(self, request: Status) -> StatusResult:
@@ -202,6 +217,7 @@ class SessionRunner:
             cpu_threads=self.threads,
             device=str(run.session.device),
             batch_count=self.plan.batch_count,
+            pending_checkpoint=self._writer.uri if self._writer is not None and not self._writer.done() else None,
         )
 
     def advance(self, request: Advance) -> AdvanceResult:
@@ -239,6 +255,7 @@ class SessionRunner:
 
     def checkpoint(self, request: Checkpoint) -> CheckpointResult:
         run, index, uri = self.run, request.index, request.uri
+        self._settle()  # never more than one snapshot: the previous background write ends first
         self._advance(index)
         if run.validation_due and run.cursor == index + 1:
             self._validate()
@@ -255,6 +272,8 @@ class SessionRunner:
             committed=False,
         )
         if run.cursor != index + 1:
+            if uri in self._written:  # written in the background by this worker, not committed by the flow yet
+                return self._written[uri]
             reason = f"the session is at cursor {run.cursor}, past batch {index}; nothing to write there"
             return dataclasses.replace(info, reason=reason)
         existing = _committed_meta(uri)
@@ -264,12 +283,45 @@ class SessionRunner:
             return dataclasses.replace(info, committed=True, existing=True)
         storage.remove_uncommitted(uri)  # debris of an interrupted write (we hold the lease)
         self.faults.hit("checkpoint", index)
+        if request.background:
+            prepared = run.prepare_checkpoint(uri)
+            self._writer = BackgroundWrite(info, lambda: self._write(prepared, index))
+            return dataclasses.replace(info, pending=True)
         with self._uploads("checkpoint-write", index):
             digest = run.save_state(uri, before_commit=self._point("checkpoint-write", index))
         return dataclasses.replace(info, committed=True, existing=False, index_sha256=digest)
 
+    def commit_checkpoint(self, request: CommitCheckpoint) -> CheckpointResult:
+        """The background write of `request.uri`, once durable (waiting for it; its error is raised). Without one
+        in this worker (a restarted worker): the checkpoint as a synchronous ``Checkpoint`` would report it."""
+        writer = self._writer
+        if writer is not None and writer.uri == request.uri:
+            self._settle()
+        written = self._written.get(request.uri)
+        if written is not None:
+            return written
+        return self.checkpoint(Checkpoint(index=request.index, uri=request.uri))
+
+    def _write(self, prepared: Any, index: int) -> str:
+        """The writer thread's work: the prepared checkpoint's files, then its index (the commit)."""
+        with self._uploads("checkpoint-write", index):
+            digest: str = self.run.write_prepared(prepared, before_commit=self._point("checkpoint-write", index))
+        return digest
+
+    def _settle(self) -> None:
+        """Wait for the background write in flight, if any; raise its error, else record it as written."""
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        digest = writer.wait()
+        written = dataclasses.replace(writer.info, committed=True, existing=False, index_sha256=digest)
+        self._written[writer.uri] = written
+        while len(self._written) > _WRITTEN_KEPT:
+            del self._written[next(iter(self._written))]
+
     def export(self, request: Export) -> ExportResult:
         run, uri = self.run, request.uri
+        self._settle()
         self._advance(self.plan.batch_count - 1)
         if run.validation_due:
             self._validate()
@@ -311,6 +363,10 @@ class SessionRunner:
             storage.set_upload_hook(None)
 
     def close(self) -> None:
+        try:
+            self._settle()
+        except Exception:  # noqa: BLE001 - closing: the write is lost, the durable cursor never named it
+            logging.getLogger(__name__).exception("background checkpoint write failed before close")
         self.run.close()
 
 
@@ -320,6 +376,7 @@ HANDLERS: dict[type, Callable[[SessionRunner, Any], Result]] = {
     Advance: SessionRunner.advance,
     Validate: SessionRunner.validate,
     Checkpoint: SessionRunner.checkpoint,
+    CommitCheckpoint: SessionRunner.commit_checkpoint,
     Export: SessionRunner.export,
     Summary: SessionRunner.summary,
 }

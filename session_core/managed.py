@@ -16,6 +16,9 @@ weights), stored once in the content-addressed blob store beside the checkpoints
 taken while it is the best: a new best is written once, not copied into each checkpoint. Training
 history entries hold no wall-clock fields, so an interrupted and resumed run has the same history bit for bit;
 timings live in the result summary only.
+
+Background checkpoints split `save_state` in two: `prepare_checkpoint` snapshots the state at the step boundary
+(detached host copies), `write_prepared` writes that snapshot, from any thread, while training continues.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .checkpoint import FileRef, open_checkpoint, store_blob, write_checkpoint
+from .checkpoint import FileRef, Payload, open_checkpoint, store_blob, write_checkpoint
 from .errors import EARLY_STOPPING_NEEDS_VALIDATION, ConfigError, PlanMismatchError, SessionStateError
 from .evaluation import evaluate_session
 from .layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
@@ -42,6 +46,17 @@ from .weights import export_weights
 
 MANAGED_KIND = "managed"
 StepCallback = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class PreparedCheckpoint:
+    """A managed checkpoint snapshotted at a step boundary, not written yet (``ManagedTraining.prepare_checkpoint``):
+    its files read only detached copies, and `best` is the best-weights dict of that moment (or None)."""
+
+    uri: str
+    files: dict[str, Payload]
+    meta: dict[str, Any]
+    best: dict[str, torch.Tensor] | None
 
 
 class ManagedTraining:
@@ -69,7 +84,8 @@ class ManagedTraining:
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self.best_state: dict[str, torch.Tensor] | None = None
-        self._best_ref: FileRef | None = None  # where best_state is stored (None: not stored yet)
+        # where best_state is stored, as (that very dict, its blob): a new best (a new dict) is not stored yet
+        self._best_stored: tuple[dict[str, torch.Tensor], FileRef] | None = None
         self.patience_counter = 0
         self.train_metrics_history: list[dict[str, Any]] = []
         self.eval_metrics_history: list[dict[str, Any]] = []
@@ -170,8 +186,7 @@ class ManagedTraining:
         if previous is None or (value > previous if greater else value < previous):
             self.best_metric, self.best_step = value, self.session.step
             if self.config.save_best:
-                self.best_state = self._detached_weights()
-                self._best_ref = None
+                self.best_state = self._detached_weights()  # a new dict: a pending snapshot keeps the old one
         if not self.config.early_stopping:
             return
         threshold = float(self.config.early_stopping_threshold)
@@ -214,9 +229,23 @@ class ManagedTraining:
         """A managed checkpoint: the session checkpoint plus cursor, selection state, histories and best weights.
 
         `before_commit` runs when the files are written, just before the commit (see ``write_checkpoint``)."""
-        files, meta = self.session.state_payload()
+        return self.write_prepared(self._prepare(uri, snapshot=False), before_commit=before_commit)
+
+    def prepare_checkpoint(self, uri: str) -> PreparedCheckpoint:
+        """Snapshot the continuation state now (detached host copies of every tensor: one checkpoint's size of
+        extra host RAM) for `write_prepared`, which may then run in another thread while training continues."""
+        return self._prepare(uri, snapshot=True)
+
+    def write_prepared(self, prepared: PreparedCheckpoint, *, before_commit: Callable[[], None] | None = None) -> str:
+        """Write a prepared checkpoint (its best weights stored as a blob first when new); returns the index hash.
+
+        Reads only the snapshot and the best-weights dict it names (never mutated: a new best is a new dict)."""
+        refs = {BEST_WEIGHTS_FILE: self._stored_best(prepared.uri, prepared.best)} if prepared.best is not None else {}
+        return write_checkpoint(prepared.uri, prepared.files, prepared.meta, refs=refs, before_commit=before_commit)
+
+    def _prepare(self, uri: str, *, snapshot: bool) -> PreparedCheckpoint:
+        files, meta = self.session.state_payload(snapshot=snapshot)
         files[MANAGED_STATE_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
-        refs = {BEST_WEIGHTS_FILE: self._stored_best(uri)} if self.best_state is not None else {}
         meta.update(
             kind=MANAGED_KIND,
             plan_fingerprint=self.plan.fingerprint,
@@ -224,19 +253,18 @@ class ManagedTraining:
             validation_due=self.validation_due,
             finished=self.finished,
         )
-        return write_checkpoint(uri, files, meta, refs=refs, before_commit=before_commit)
+        return PreparedCheckpoint(uri, files, meta, self.best_state)
 
-    def _stored_best(self, uri: str) -> FileRef:
-        """The blob holding best_state, written once per new best (again only if its blob vanished)."""
+    def _stored_best(self, uri: str, best: dict[str, torch.Tensor]) -> FileRef:
+        """The blob holding `best`, written once per new best (again only if its blob vanished)."""
         import fsspec
 
-        best = self.best_state
-        assert best is not None
         fs, path = fsspec.core.url_to_fs(uri)
-        ref = self._best_ref
+        stored = self._best_stored
+        ref = stored[1] if stored is not None and stored[0] is best else None
         if ref is None or not fs.exists(f"{path.rstrip('/').rsplit('/', 1)[0]}/{ref.path[3:]}"):
             ref = store_blob(uri, lambda handle: write_tensors(handle, best), "safetensors")
-            self._best_ref = ref
+            self._best_stored = (best, ref)  # one assignment: a writer thread and a new best never mix the pair
         return ref
 
     def load_state(self, uri: str) -> dict[str, Any]:
@@ -263,7 +291,8 @@ class ManagedTraining:
         self.session.restore_payload(checkpoint)
         self._load_managed_state(state)
         self.best_state = best
-        self._best_ref = checkpoint.refs.get(BEST_WEIGHTS_FILE)
+        ref = checkpoint.refs.get(BEST_WEIGHTS_FILE)
+        self._best_stored = (best, ref) if best is not None and ref is not None else None
         return checkpoint.meta
 
     def _managed_state(self) -> dict[str, Any]:

@@ -253,9 +253,12 @@ class TrainingSession:
 
     # ---- checkpoint payload (also used by the managed driver) ----------------------------------------------
 
-    def state_payload(self) -> tuple[dict[str, Payload], dict[str, Any]]:
-        """All continuation state as checkpoint files (tensor files as streaming writers over the live tensors: call
-        `write_checkpoint` before the next operation) plus the index meta."""
+    def state_payload(self, *, snapshot: bool = False) -> tuple[dict[str, Payload], dict[str, Any]]:
+        """All continuation state as checkpoint files plus the index meta.
+
+        Tensor files are streaming writers over the live tensors (call `write_checkpoint` before the next
+        operation), or with ``snapshot=True`` over detached host copies taken now (one checkpoint's size of extra
+        host RAM): those may be written from another thread while training continues."""
         engine = self._engine
         named = list(engine.model.named_parameters())
         weights = {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
@@ -273,11 +276,12 @@ class TrainingSession:
             "session_python_rng": _python_state(engine.python_rng),
             "pending_gradients": sorted(grads),
         }
+        tensors: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = _host_copies if snapshot else dict
         files: dict[str, Payload] = {
-            layout.WEIGHTS_FILE: _tensor_writer(weights),
-            layout.GRADIENTS_FILE: _tensor_writer(grads),
-            layout.RNG_FILE: _tensor_writer(rng_tensors),
-            layout.OPTIMIZER_TENSORS_FILE: _tensor_writer(optimizer_tensors),
+            layout.WEIGHTS_FILE: _tensor_writer(tensors(weights)),
+            layout.GRADIENTS_FILE: _tensor_writer(tensors(grads)),
+            layout.RNG_FILE: _tensor_writer(tensors(rng_tensors)),
+            layout.OPTIMIZER_TENSORS_FILE: _tensor_writer(tensors(optimizer_tensors)),
             layout.OPTIMIZER_FILE: object_to_bytes(optimizer_skeleton),
             layout.SCHEDULER_FILE: object_to_bytes(engine.scheduler.state_dict()),
             layout.SCALER_FILE: object_to_bytes(engine.scaler.state_dict()),
@@ -440,6 +444,11 @@ class TrainingSession:
     def _fail(self, reason: str) -> None:
         self._failed = reason
         logger.error("training session failed: %s", reason)
+
+
+def _host_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached host-memory copies (a CPU tensor is cloned, a device tensor copied to the host)."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors.items()}
 
 
 def _tensor_writer(tensors: dict[str, torch.Tensor]) -> Payload:

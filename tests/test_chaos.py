@@ -45,3 +45,18 @@ def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server
     assert "StorageFullError" in faults[4].error and "free space" in faults[4].error, text  # permanent, not retried
     assert "kept ['step-000002-batch-000003']" in faults[4].note, text  # committed before the fault: kept, used
     assert "continued from batch 4" in faults[4].note, text
+
+
+def test_background_checkpoint_chaos_resumes_bit_for_bit(prefect_server: str, tmp_path: Path) -> None:
+    """Checkpoints written in the background: the flow is SIGKILLed while a write is paused and training has gone
+    on past it, and the worker SIGKILLs itself inside a background write; every resume is bit-exact."""
+    report = chaos.run_chaos(quick=True, seed=0, api_url=prefect_server, work=tmp_path, cases=["span-background"])
+    text = chaos.format_report(report)
+    (case,) = report["cases"]
+    assert [kill["kind"] for kill in case["kills"]] == ["background-write", "background-worker"], text
+    assert report["killed"] == report["kill_points_tried"] == 2 and report["resumed"] == 2, text
+    assert all(kill["worker_gone"] for kill in case["kills"]), text
+    paused = case["kills"][0]  # killed while checkpoint i was written: the cursor had not moved to it
+    assert (paused["cursor_after"] or 0) <= int(paused["point"].split(":")[1]), text
+    assert report["differing_bits"] == 0 and case["tensors"] > 0 and case["differing_tensors"] == 0, text
+    assert report["histories_equal"] and report["summaries_equal"], text

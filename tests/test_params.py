@@ -255,3 +255,14 @@ def test_the_form_offers_no_refused_field_and_no_html_in_descriptions() -> None:
         ]
     assert all(text for text in texts[: len(schema["properties"])]), "every flow parameter is described"
     assert not [t for t in texts if "<" in t or ">" in t], "angle brackets are swallowed as HTML by the UI"
+
+
+def test_background_checkpoints_is_an_opt_in_flow_parameter_that_states_its_ram_cost() -> None:
+    """A flow parameter (how checkpoints are written, not what is trained: it is not part of the training config
+    or the plan, so a resumed run may switch it), off by default, described on the form with its memory cost."""
+    schema = train_flow.parameters.model_dump(mode="json")
+    field = schema["properties"]["background_checkpoints"]
+    assert field["default"] is False and field["type"] == "boolean"
+    description = " ".join(field["description"].split())
+    assert "one checkpoint's size of extra host RAM" in description
+    assert "background_checkpoints" not in schema["definitions"]["TrainingSettings"]["properties"]

@@ -16,6 +16,7 @@ from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.protocol import (
     Advance,
     Checkpoint,
+    CommitCheckpoint,
     Export,
     RemoteError,
     Reply,
@@ -46,7 +47,8 @@ def _through_the_pipe(exc: BaseException) -> BaseException:
 def test_every_request_type_has_exactly_one_handler() -> None:
     requests = {cls for cls in vars(protocol).values() if isinstance(cls, type) and issubclass(cls, Request)}
     assert set(HANDLERS) == requests - {Request}
-    assert {cls.op for cls in HANDLERS} == {"status", "advance", "validate", "checkpoint", "export", "summary"}
+    ops = {"status", "advance", "validate", "checkpoint", "commit-checkpoint", "export", "summary"}
+    assert {cls.op for cls in HANDLERS} == ops
     with pytest.raises(TypeError, match="no operation for str"):
         object.__new__(SessionRunner).execute("advance")
 
@@ -55,6 +57,8 @@ def test_requests_are_values() -> None:
     assert Advance(first=1, through=2) == Advance(1, 2) and hash(Advance(1, 2)) == hash(Advance(first=1, through=2))
     assert Advance(1, 2) != Advance(1, 3) and Status() == Status() and Summary() != Status()
     assert {Checkpoint(3, "a"): 1}[Checkpoint(index=3, uri="a")] == 1
+    assert Checkpoint(3, "a") == Checkpoint(3, "a", background=False) != Checkpoint(3, "a", background=True)
+    assert CommitCheckpoint(3, "a") != Checkpoint(3, "a") and CommitCheckpoint(3, "a").op == "commit-checkpoint"
     assert Export("u") == Export(uri="u", which="best") and Validate(5).op == "validate"
     with pytest.raises(dataclasses.FrozenInstanceError):
         Advance(1, 2).first = 0  # type: ignore[misc]

@@ -8,7 +8,9 @@ crashed attempt is a fresh interpreter running ``train_flow`` that is SIGKILLed 
 paused by a fault plan (``prefect_gliner2.runtime.faults``, installed in that interpreter) mid-window (between the
 micro-batches of one update), while a checkpoint's files are written but not committed, during validation, during
 export, after a seeded random delay (purely time-based), or by killing the session worker alone (the flow must
-recover by itself). Each next attempt is a new flow run with the same run key. The final export (every tensor of
+recover by itself). With background checkpoints also while a checkpoint's background write is paused and training
+has gone on past it (``background-write``), and by the worker killing itself in its background write
+(``background-worker``). Each next attempt is a new flow run with the same run key. The final export (every tensor of
 every ``*.safetensors``) and the train/eval histories of the final checkpoint must equal the reference's bitwise;
 differing bits are counted by XOR + popcount.
 
@@ -62,8 +64,16 @@ CASES: dict[str, dict[str, Any]] = {
     "span-lora": {"model": "tiny:span", "lora": True, "flow": {"pipeline_depth": 2}},
     "span": {"model": "tiny:span", "lora": False, "flow": {}},
     "boundary-lora": {"model": "tiny:boundary", "lora": True, "flow": {"batches_per_task": 3, "pipeline_depth": 2}},
+    # background checkpoints: kills while a checkpoint is written in the worker's background and training goes on
+    "span-background": {
+        "model": "tiny:span",
+        "lora": False,
+        "flow": {"background_checkpoints": True, "pipeline_depth": 1},
+    },
 }
 QUICK_PLAN = {"boundary": ["mid-window"], "span-lora": ["worker"]}
+#: The quick kills of cases the default quick run leaves out (run them with ``cases=[...]``).
+QUICK_ON_REQUEST = {"span-background": ["background-write", "background-worker"]}
 COMPARED_SUMMARY = (
     "total_steps",
     "total_epochs",
@@ -193,11 +203,22 @@ def crash(
     cursor = (read_cursor(run) or {}).get("cursor", 0)
     markers = Path(tempfile.mkdtemp(prefix="markers-", dir=work))
     planned: list[Fault] = []
+    then: str | None = None  # a further marker to wait for before the kill
     if kind == "mid-window":
         choices = [i + 1 for i in MID_WINDOW if i + 1 > cursor]  # paused before batch i+1: batch i is pending
         point = ("batch", choice(choices)) if choices else None
     elif kind == "checkpoint-write":
         point = ("checkpoint-write", choice([i for i in CHECKPOINTS if i >= cursor] or [-1]))
+    elif kind == "background-write":  # the write pauses; the flow dies once training went on past it (batch i+1)
+        point = ("checkpoint-write", choice([i for i in CHECKPOINTS if cursor <= i < LAST] or [-1]))
+        then = f"batch-{point[1] + 1}"
+    elif kind == "background-worker":  # the worker dies in its background write; the flow recovers, dies at export
+        choices = [i for i in CHECKPOINTS if i >= cursor]
+        point = ("export-write", LAST)
+        if choices:
+            planned.append(Fault.kill("checkpoint-write", choice(choices), once=str(markers / "died")))
+        else:
+            kind = "export"
     elif kind == "validate":
         point = ("validate", choice([i for i in VALIDATIONS if i >= cursor] or [-1]))
     elif kind == "export":
@@ -234,13 +255,15 @@ def crash(
                 outcome = "finished before the kill"
         else:
             worker = wait_for(markers, f"{name}-{index}", process)
+            if worker is not None and then is not None and wait_for(markers, then, process) is None:
+                worker = None
             outcome = "killed" if worker is not None else "not reached"
     finally:
         output = kill9(process)
     if outcome == "not reached" and "Traceback" in output:
         raise RuntimeError(f"crashed attempt {kind} at {name}:{index} failed on its own:\n{output[-4000:]}")
     gone = pid_gone(worker) if worker is not None and outcome == "killed" else None
-    if kind == "worker" and not (markers / "died").exists():
+    if kind in ("worker", "background-worker") and not (markers / "died").exists():
         outcome = "not reached"
     return Kill(
         case,
@@ -301,16 +324,22 @@ def final_histories(run: Path) -> dict[str, Any]:
 # ---- cases ---------------------------------------------------------------------------------------------------
 
 
-def draw_kills(rng: random.Random) -> list[tuple[str, int | None]]:
+def draw_kills(rng: random.Random, *, background: bool = False) -> list[tuple[str, int | None]]:
     """Every kill kind at a seeded random index, in the order the run reaches them: time-based first (from
-    scratch), the worker kill last (its run is then killed during the export)."""
+    scratch), the worker kill last (its run is then killed during the export). With `background` (checkpoints
+    written in the background), a kill during a background write joins them and the worker dies in one."""
     drawn = [
         ("mid-window", rng.choice(MID_WINDOW) + 1),
         ("checkpoint-write", rng.choice(CHECKPOINTS)),
         ("validate", rng.choice(VALIDATIONS)),
     ]
-    rank = {"mid-window": -0.5, "validate": 0.0, "checkpoint-write": 0.25}  # batch j pauses before training j
+    if background:
+        drawn.append(("background-write", rng.choice(CHECKPOINTS[:-1])))
+    # batch j pauses before training j
+    rank = {"mid-window": -0.5, "validate": 0.0, "checkpoint-write": 0.25, "background-write": 0.3}
     ordered = sorted(drawn, key=lambda kill: kill[1] + rank[kill[0]])
+    if background:
+        return [("time", None), *ordered, ("background-worker", rng.choice(CHECKPOINTS))]
     return [("time", None), *ordered, ("worker", rng.randrange(ordered[-1][1], LAST + 1))]
 
 
@@ -535,9 +564,12 @@ def run_chaos(
     if quick:
         plan = {k: list(v) for k, v in QUICK_PLAN.items()}
     else:
-        plan = {case: draw_kills(rng) for case in CASES}
+        plan = {case: draw_kills(rng, background=_background(case)) for case in CASES}
     if cases:
-        plan = {case: plan.get(case) or draw_kills(rng) for case in cases}
+        extra = QUICK_ON_REQUEST if quick else {}
+        plan = {
+            case: plan.get(case) or extra.get(case) or draw_kills(rng, background=_background(case)) for case in cases
+        }
     results = [run_case(case, kinds, work / case, inputs, api_url, rng) for case, kinds in plan.items()]
     fault_results = (
         storage_faults(work / "faults", inputs, api_url) if (faults if faults is not None else not quick) else []
@@ -559,6 +591,10 @@ def run_chaos(
         "cases": [asdict(r) for r in results],
         "storage_faults": [asdict(f) for f in fault_results],
     }
+
+
+def _background(case: str) -> bool:
+    return bool(CASES[case]["flow"].get("background_checkpoints"))
 
 
 def format_report(report: dict[str, Any]) -> str:
