@@ -110,6 +110,7 @@ def retrain_flow(
     test_data: str | list[str] | None = None,
     storage: str | None = None,
     checkpoint_every: Annotated[int, Field(ge=0)] = 100,
+    background_checkpoints: bool = False,
     cpu_threads: Annotated[int, Field(ge=1)] | None = None,
     device: str | None = None,
 ) -> State:
@@ -132,6 +133,8 @@ def retrain_flow(
             the data that selected the candidate's best checkpoint.
         storage: Where run directories live (default: $PREFECT_GLINER2_STORAGE or ~/.prefect-gliner2/runs).
         checkpoint_every: Checkpoint after every N optimizer updates (0: only at epoch ends).
+        background_checkpoints: Write checkpoints while training continues (one checkpoint's size of extra host
+            RAM); see the training flow.
         cpu_threads: Torch threads in the training and evaluation processes.
         device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
     """
@@ -168,6 +171,7 @@ def retrain_flow(
         run_key=run_key,
         storage=storage or default_storage(),
         checkpoint_every=checkpoint_every,
+        background_checkpoints=background_checkpoints,
         cpu_threads=cpu_threads,
         device=device,
         init_weights=current.uri if current is not None else None,
