@@ -117,6 +117,8 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
         "prefect_gliner2.flows.sweep:sweep_flow",
     )
     assert train.work_pool_name == nightly.work_pool_name == sweep.work_pool_name == "gliner2-process"
+    # a sweep only waits for its points: on its own queue it never holds a training worker's slot
+    assert (train.work_queue_name, sweep.work_queue_name) == ("default", "sweeps")
     # no deployment-wide limit: runs with different run keys train in parallel; the run-key lease excludes
     assert _limit(train) is None and train.schedules == []
     assert train.job_variables["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
