@@ -29,7 +29,7 @@ from support.flow import FAULT_SITE, ROOT, THREADS, assert_same_export, make_inp
 
 TRAIN, SWEEP = "gliner2-train/train", "gliner2-sweep/sweep"
 SWEEP_KEY = "crashy"
-PAUSE = 4.0  # every training run pauses this long at its cursor move after batch 3: the window for a real kill
+PAUSE = 2.5  # every training run pauses this long at its cursor move after batch 3: the window for a real kill
 
 
 def _client() -> Any:
@@ -172,7 +172,7 @@ def test_a_killed_sweep_resumes_without_duplicates_and_crashed_points_resume_exa
         "cpu_threads": THREADS,
     }
     points = [{"seed": seed} for seed in (1, 2, 3, 4)]
-    params = {"base": base, "points": points, "sweep_key": SWEEP_KEY, "max_parallel": 2, "poll_seconds": 1.0}
+    params = {"base": base, "points": points, "sweep_key": SWEEP_KEY, "max_parallel": 2, "poll_seconds": 0.5}
     sweep = run_deployment(SWEEP, parameters=params, timeout=0)
 
     first = _wait_until(lambda: len(_point_runs()) >= 2 and _point_runs(), 120, "the sweep's first two points")
