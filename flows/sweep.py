@@ -11,8 +11,10 @@
     board["rows"][0]                                  # the best point: run key, metric, flow run, export
 
 Each point is a ``run_deployment`` of the training deployment (``gliner2-train/train``) with its own run key,
-``<sweep_key>-<sha256 of the point's overrides, 10 hex>``, and the idempotency key ``<sweep_key>/<run key>``: a
-resumed or retried sweep gets the flow runs it already created back from the server instead of starting
+``<sweep_key>-<sha256 of the base parameters and the point's resolved config, 10 hex>`` (a sweep re-run under the
+same ``sweep_key`` with another model, data path, storage or setting trains anew instead of adopting the earlier
+results; two points resolving to the same config are refused), and the idempotency key ``<sweep_key>/<run key>``:
+a resumed or retried sweep gets the flow runs it already created back from the server instead of starting
 duplicates, waits for those still running, and retries (``prefect flow-run retry`` semantics: same flow run, same
 run key, exact resume) those that crashed or failed; a point that crashes while the sweep waits is retried too
 (``point_retries`` times). At most ``max_parallel`` points run at once; with N training worker slots and
@@ -45,6 +47,7 @@ __all__ = ["leaderboard_rows", "sweep_flow", "sweep_points"]
 
 TRAIN_DEPLOYMENT = "gliner2-train/train"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+PER_POINT = frozenset({"run_key", "export_to"})  # train_flow parameters the sweep sets per point
 
 
 def sweep_points(
@@ -63,7 +66,14 @@ def sweep_points(
         overrides = [dict(point) for point in points or []]
     if not overrides:
         raise ConfigError("the sweep has no points: give at least one override")
+    owned = sorted(set(base) & PER_POINT)
+    if owned:
+        raise ConfigError(
+            f"the sweep's base sets {owned}: each point gets its own run key and exports into its own run directory;"
+            " remove them from base"
+        )
     base_config = _base_training_config(base.get("config"))
+    shared = {name: value for name, value in base.items() if name != "config"}
     found, seen = [], set()
     for number, override in enumerate(overrides):
         try:
@@ -71,10 +81,10 @@ def sweep_points(
         except ConfigError as exc:
             raise ConfigError(f"sweep point {number} {override}: {exc}") from None
         cfg = point_config.to_dict()
-        digest = hashlib.sha256(json.dumps(override, sort_keys=True).encode()).hexdigest()[:10]
-        run_key = validate_run_key(f"{sweep_key}-{digest}")
+        identity = json.dumps({"base": shared, "config": cfg}, sort_keys=True, default=str)  # what it trains on
+        run_key = validate_run_key(f"{sweep_key}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}")
         if run_key in seen:
-            raise ConfigError(f"sweep point {number} {override} repeats an earlier point; list each point once")
+            raise ConfigError(f"sweep point {number} {override} trains what an earlier point does; list each once")
         seen.add(run_key)
         form = TrainingSettings.model_validate(point_config).model_dump(mode="json")  # what the run form takes
         found.append({"overrides": override, "config": cfg, "form": form, "run_key": run_key})

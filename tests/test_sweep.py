@@ -23,6 +23,7 @@ import pytest
 
 from prefect_gliner2.flows.sweep import sweep_points
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
+from prefect_gliner2.session_core.errors import ConfigError
 
 from support.config import training_config
 from support.flow import FAULT_SITE, ROOT, THREADS, assert_same_export, make_inputs, reference_export
@@ -30,6 +31,41 @@ from support.flow import FAULT_SITE, ROOT, THREADS, assert_same_export, make_inp
 TRAIN, SWEEP = "gliner2-train/train", "gliner2-sweep/sweep"
 SWEEP_KEY = "crashy"
 PAUSE = 2.5  # every training run pauses this long at its cursor move after batch 3: the window for a real kill
+
+
+BASE = {"model": "tiny:span", "train_data": "data/train.jsonl", "config": training_config()}
+
+
+def test_a_points_run_key_names_what_it_trains_on() -> None:
+    grid = sweep_points(BASE, {"seed": [1, 2], "encoder_lr": [1e-3, 3e-4]}, None, "g")
+    assert len(grid) == 4 and len({point["run_key"] for point in grid}) == 4
+    assert [p["run_key"] for p in grid] == [
+        p["run_key"] for p in sweep_points(BASE, {"seed": [1, 2], "encoder_lr": [1e-3, 3e-4]}, None, "g")
+    ]
+    assert {p["config"]["seed"] for p in grid} == {1, 2} and all(p["run_key"].startswith("g-") for p in grid)
+    [one] = sweep_points(BASE, None, [{"seed": 1}], "g")
+    [other_data] = sweep_points({**BASE, "train_data": "data/other.jsonl"}, None, [{"seed": 1}], "g")
+    [other_epochs] = sweep_points({**BASE, "config": training_config(num_epochs=5)}, None, [{"seed": 1}], "g")
+    assert len({one["run_key"], other_data["run_key"], other_epochs["run_key"]}) == 3  # no stale adoption
+    assert one["form"]["seed"] == 1 and one["form"]["precision"] == "fp32"  # what the run form takes
+
+
+@pytest.mark.parametrize(
+    ("base", "grid", "points", "message"),
+    [
+        ({**BASE, "run_key": "mine"}, None, [{"seed": 1}], r"base sets \['run_key'\].*own run key"),
+        ({**BASE, "export_to": "/models/x"}, None, [{"seed": 1}], r"base sets \['export_to'\]"),
+        (BASE, {"seed": [1]}, [{"seed": 1}], "exactly one of grid"),
+        (BASE, None, None, "exactly one of grid"),
+        (BASE, {"seed": []}, None, r"grid fields \['seed'\] need a non-empty list"),
+        (BASE, None, [], "no points"),
+        (BASE, None, [{"seed": 1}, {"seed": 1, "num_epochs": 2}], "point 1 .* trains what an earlier point does"),
+        (BASE, None, [{"batch_size": 0}], r"sweep point 0 \{'batch_size': 0\}"),
+    ],
+)
+def test_bad_sweeps_are_refused_saying_why(base: Any, grid: Any, points: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        sweep_points(base, grid, points, "g")
 
 
 def _client() -> Any:
@@ -147,7 +183,8 @@ def _kill_at_pause(runs: Path, run_key: str, flow_run_id: UUID) -> None:
         return _flow_run_pid(flow_run_id) if committed and cursor is not None and cursor["cursor"] < 4 else None
 
     os.kill(_wait_until(paused, 180, f"point {run_key} pausing at cursor 3"), signal.SIGKILL)
-    _wait_until(lambda: _read(flow_run_id).state.is_crashed(), 60, f"point {run_key} marked CRASHED")
+    # the state history, not the current state: a live sweep may retry the crashed run before we look
+    _wait_until(lambda: "CRASHED" in _states(flow_run_id), 60, f"point {run_key} marked CRASHED")
 
 
 def _states(flow_run_id: UUID) -> list[str]:
