@@ -70,12 +70,18 @@ def _flow_params(inputs: dict[str, str], storage: str, run_key: str, **extra: An
     }
 
 
-def _child(params: dict[str, Any], api: str, env: dict[str, str] | None = None) -> tuple[int, float]:
+def _child(params: dict[str, Any], api: str, env: dict[str, str] | None = None, plan: str = "") -> tuple[int, float]:
+    """train_flow in a fresh interpreter (tests/support/flow_child.py), with a FaultPlan's JSON installed first."""
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_flow_child.py"), json.dumps(params)],
+        [sys.executable, "-m", "support.flow_child", json.dumps(params), plan],
         cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api, **(env or {})},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+            "PREFECT_API_URL": api,
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
     )
@@ -101,6 +107,8 @@ def retention(inputs: dict[str, str], root: Path) -> list[tuple[str, str, str]]:
 
 
 def resume_latency(inputs: dict[str, str], root: Path, api: str) -> list[tuple[str, str, str]]:
+    from prefect_gliner2.runtime.faults import Fault, FaultPlan
+
     port = _free_port()
     moto = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -129,8 +137,8 @@ def resume_latency(inputs: dict[str, str], root: Path, api: str) -> list[tuple[s
             code, full = _child(params, api, s3_env)
             assert code == 0, f"{name}: the uninterrupted run failed ({code})"
             killed = dict(params, run_key=f"killed-{name}")
-            die = {"PREFECT_GLINER2_TEST_DIE": f"cursor:20:{root / f'died-{name}'}", **s3_env}
-            code, _ = _child(killed, api, die)  # the flow process SIGKILLs itself at batch 20 (worker dies with it)
+            die = FaultPlan((Fault.kill("cursor", 20, once=str(root / f"died-{name}")),)).to_json()
+            code, _ = _child(killed, api, s3_env, die)  # the flow process SIGKILLs itself at batch 20 (worker too)
             assert code == -signal.SIGKILL, f"{name}: the run was not killed ({code})"
             code, resumed = _child(killed, api, s3_env)  # a new flow run with the same run key resumes it
             assert code == 0, f"{name}: the resumed run failed ({code})"

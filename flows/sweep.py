@@ -11,11 +11,15 @@
     board["rows"][0]                                  # the best point: run key, metric, flow run, export
 
 Each point is a ``run_deployment`` of the training deployment (``gliner2-train/train``) with its own run key,
-``<sweep_key>-<sha256 of the point's overrides, 10 hex>``, and the idempotency key ``<sweep_key>/<run key>``: a
-resumed or retried sweep gets the flow runs it already created back from the server instead of starting
+``<sweep_key>-<sha256 of the base parameters and the point's resolved config, 10 hex>`` (a sweep re-run under the
+same ``sweep_key`` with another model, data path, storage or setting trains anew instead of adopting the earlier
+results; two points resolving to the same config are refused), and the idempotency key ``<sweep_key>/<run key>``:
+a resumed or retried sweep gets the flow runs it already created back from the server instead of starting
 duplicates, waits for those still running, and retries (``prefect flow-run retry`` semantics: same flow run, same
-run key, exact resume) those that crashed or failed. At most ``max_parallel`` points run at once; with N workers
-and ``max_parallel >= N`` N runs train at once. The sweep ends with a leaderboard table artifact sorted by the
+run key, exact resume) those that crashed or failed; a point that crashes while the sweep waits is retried too
+(``point_retries`` times). At most ``max_parallel`` points run at once; with N training worker slots and
+``max_parallel >= N`` N runs train at once (the sweep's own deployment runs on the ``sweeps`` work queue, so the
+sweep, which only waits, never holds a training slot). The sweep ends with a leaderboard table artifact sorted by the
 selection metric (``metric_for_best``), linking each flow run and export; a point's numbers come from its run
 directory's durable summary, so training results need no result persistence.
 """
@@ -43,6 +47,7 @@ __all__ = ["leaderboard_rows", "sweep_flow", "sweep_points"]
 
 TRAIN_DEPLOYMENT = "gliner2-train/train"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+PER_POINT = frozenset({"run_key", "export_to"})  # train_flow parameters the sweep sets per point
 
 
 def sweep_points(
@@ -61,7 +66,14 @@ def sweep_points(
         overrides = [dict(point) for point in points or []]
     if not overrides:
         raise ConfigError("the sweep has no points: give at least one override")
+    owned = sorted(set(base) & PER_POINT)
+    if owned:
+        raise ConfigError(
+            f"the sweep's base sets {owned}: each point gets its own run key and exports into its own run directory;"
+            " remove them from base"
+        )
     base_config = _base_training_config(base.get("config"))
+    shared = {name: value for name, value in base.items() if name != "config"}
     found, seen = [], set()
     for number, override in enumerate(overrides):
         try:
@@ -69,10 +81,10 @@ def sweep_points(
         except ConfigError as exc:
             raise ConfigError(f"sweep point {number} {override}: {exc}") from None
         cfg = point_config.to_dict()
-        digest = hashlib.sha256(json.dumps(override, sort_keys=True).encode()).hexdigest()[:10]
-        run_key = validate_run_key(f"{sweep_key}-{digest}")
+        identity = json.dumps({"base": shared, "config": cfg}, sort_keys=True, default=str)  # what it trains on
+        run_key = validate_run_key(f"{sweep_key}-{hashlib.sha256(identity.encode()).hexdigest()[:10]}")
         if run_key in seen:
-            raise ConfigError(f"sweep point {number} {override} repeats an earlier point; list each point once")
+            raise ConfigError(f"sweep point {number} {override} trains what an earlier point does; list each once")
         seen.add(run_key)
         form = TrainingSettings.model_validate(point_config).model_dump(mode="json")  # what the run form takes
         found.append({"overrides": override, "config": cfg, "form": form, "run_key": run_key})
@@ -98,6 +110,7 @@ def sweep_flow(
     max_parallel: Annotated[int, Field(ge=1)] = 2,
     deployment: str = TRAIN_DEPLOYMENT,
     poll_seconds: Annotated[float, Field(gt=0)] = 5.0,
+    point_retries: Annotated[int, Field(ge=0)] = 2,
 ) -> dict[str, Any]:
     """Train one run per sweep point through the training deployment; returns the leaderboard.
 
@@ -109,12 +122,15 @@ def sweep_flow(
         max_parallel: Points running at once (set it to the number of worker slots).
         deployment: The training deployment to run ("flow-name/deployment-name").
         poll_seconds: How often to poll the points' flow run states.
+        point_retries: How often this sweep retries a point whose flow run crashes while it waits (the retry
+            resumes it exactly); a point found crashed or failed when the sweep starts or resumes is retried too.
     """
     logger = get_run_logger()
     validate_run_key(sweep_key)
     todo = sweep_points(base, grid, points, sweep_key)
     logger.info("sweep %s: %d points, at most %d at once", sweep_key, len(todo), max_parallel)
     runs: dict[str, Any] = {}
+    retried: dict[str, int] = {}
     waiting = list(todo)
     while waiting or any(_state(run) not in FINAL for run in runs.values()):
         active = sum(_state(run) not in FINAL for run in runs.values())
@@ -124,6 +140,7 @@ def sweep_flow(
             active += 1
         time.sleep(poll_seconds)
         runs = {key: _refresh(run) for key, run in runs.items()}
+        runs.update(_retry_crashed(runs, retried, point_retries))
     rows = leaderboard_rows(todo, runs, base)
     _publish(sweep_key, rows)
     failed = [row["run_key"] for row in rows if row["state"] != "COMPLETED"]
@@ -155,6 +172,25 @@ def _launch(point: dict[str, Any], base: Mapping[str, Any], sweep_key: str, depl
     else:
         logger.info("point %s: flow run %s (%s)", point["run_key"], run.id, state or "new")
     return run
+
+
+def _retry_crashed(runs: Mapping[str, Any], retried: dict[str, int], limit: int) -> dict[str, Any]:
+    """Retry the points whose flow run crashed while the sweep waited (at most `limit` times each)."""
+    again = {}
+    for run_key, run in runs.items():
+        if _state(run) != "CRASHED" or retried.get(run_key, 0) >= limit:
+            continue
+        retried[run_key] = retried.get(run_key, 0) + 1
+        get_run_logger().info(
+            "point %s crashed (flow run %s): retry %d of %d, it resumes exactly",
+            run_key,
+            run.id,
+            retried[run_key],
+            limit,
+        )
+        _retry(run.id)
+        again[run_key] = _refresh(run)
+    return again
 
 
 def _retry(flow_run_id: UUID) -> None:
