@@ -21,7 +21,9 @@ run key, exact resume) those that crashed or failed; a point that crashes while 
 ``max_parallel >= N`` N runs train at once (the sweep's own deployment runs on the ``sweeps`` work queue, so the
 sweep, which only waits, never holds a training slot). The sweep ends with a leaderboard table artifact sorted by the
 selection metric (``metric_for_best``), linking each flow run and export; a point's numbers come from its run
-directory's durable summary, so training results need no result persistence.
+directory's durable summary, so training results need no result persistence. When a point did not complete
+after its retries, the sweep publishes the leaderboard and then fails with ``SweepIncompleteError`` naming those
+points (a sweep with holes is not a success an automation should act on).
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
 
-__all__ = ["leaderboard_rows", "sweep_flow", "sweep_points"]
+__all__ = ["SweepIncompleteError", "leaderboard_rows", "sweep_flow", "sweep_outcome", "sweep_points"]
 
 TRAIN_DEPLOYMENT = "gliner2-train/train"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 PER_POINT = frozenset({"run_key", "export_to"})  # train_flow parameters the sweep sets per point
+
+
+class SweepIncompleteError(RuntimeError):
+    """Some points of a sweep did not complete (transient: retrying the sweep retries them)."""
 
 
 def sweep_points(
@@ -143,9 +149,19 @@ def sweep_flow(
         runs.update(_retry_crashed(runs, retried, point_retries))
     rows = leaderboard_rows(todo, runs, base)
     _publish(sweep_key, rows)
+    return sweep_outcome(sweep_key, rows)
+
+
+def sweep_outcome(sweep_key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's result; when a point did not complete (after its retries), the sweep fails, naming the points
+    (the leaderboard is published first; a retry of the sweep flow run retries those points and adopts the rest)."""
     failed = [row["run_key"] for row in rows if row["state"] != "COMPLETED"]
     if failed:
-        logger.warning("sweep %s: %d point(s) did not complete: %s", sweep_key, len(failed), ", ".join(failed))
+        states = ", ".join(f"{row['run_key']} ({row['state']})" for row in rows if row["run_key"] in failed)
+        raise SweepIncompleteError(
+            f"sweep {sweep_key}: {len(failed)} of {len(rows)} point(s) did not complete: {states}; the leaderboard "
+            "lists the others. Retry this sweep flow run to retry those points (completed ones are adopted)."
+        )
     return {"sweep_key": sweep_key, "rows": rows, "failed": failed}
 
 

@@ -21,7 +21,7 @@ from uuid import UUID
 
 import pytest
 
-from prefect_gliner2.flows.sweep import sweep_points
+from prefect_gliner2.flows.sweep import SweepIncompleteError, sweep_outcome, sweep_points
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.session_core.errors import ConfigError
 
@@ -185,6 +185,13 @@ def _kill_at_pause(runs: Path, run_key: str, flow_run_id: UUID) -> None:
     os.kill(_wait_until(paused, 180, f"point {run_key} pausing at cursor 3"), signal.SIGKILL)
     # the state history, not the current state: a live sweep may retry the crashed run before we look
     _wait_until(lambda: "CRASHED" in _states(flow_run_id), 60, f"point {run_key} marked CRASHED")
+
+
+def test_a_sweep_with_a_point_that_did_not_complete_fails_naming_it() -> None:
+    rows = [{"run_key": "s-a", "state": "COMPLETED"}, {"run_key": "s-b", "state": "CRASHED"}]
+    with pytest.raises(SweepIncompleteError, match=r"1 of 2 point\(s\) did not complete: s-b \(CRASHED\)"):
+        sweep_outcome("s", rows)
+    assert sweep_outcome("s", rows[:1]) == {"sweep_key": "s", "rows": rows[:1], "failed": []}
 
 
 def _states(flow_run_id: UUID) -> list[str]:
