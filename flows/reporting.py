@@ -63,9 +63,9 @@ def remove_listener(listener: Listener) -> None:
 
 
 def artifact_key(scope: str, what: str) -> str:
-    """The one artifact key pattern: ``gliner2-<scope>-<what>``, scope a run key (training runs) or
-    ``model-<name>`` (retraining), lowercased with every run of other characters made one dash (keys allow
-    lowercase letters, digits and dashes only)."""
+    """The one artifact key pattern: ``gliner2-<scope>-<what>``, scope a run key (training runs),
+    ``model-<name>`` (retraining) or ``sweep-<sweep key>`` (sweeps), lowercased with every run of other characters
+    made one dash (keys allow lowercase letters, digits and dashes only)."""
     slug = re.sub(r"[^a-z0-9-]+", "-", scope.lower()).strip("-") or "run"
     return f"gliner2-{slug}-{what}"
 

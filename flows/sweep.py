@@ -40,6 +40,7 @@ from prefect import flow, get_run_logger
 from pydantic import Field, ValidationError
 
 from prefect_gliner2.flows.params import TrainingSettings
+from prefect_gliner2.flows.reporting import artifact_key
 from prefect_gliner2.flows.train import default_storage
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
@@ -278,6 +279,6 @@ def _publish(sweep_key: str, rows: list[dict[str, Any]]) -> None:
     columns = ("rank", "run_key", "overrides", "metric", "best_metric", "best_step", "state", "flow_run", "export")
     create_table_artifact(
         [{name: row[name] for name in columns} for row in rows],
-        key=f"sweep-{sweep_key.lower().replace('_', '-').replace('.', '-')}-leaderboard",
+        key=artifact_key(f"sweep-{sweep_key}", "leaderboard"),
         description=f"sweep {sweep_key}: one row per point, best {rows[0]['metric']} first",
     )

@@ -260,7 +260,7 @@ def test_a_sweep_of_four_keys_trains_two_at_once_over_both_workers(
     fs, _ = fsspec.core.url_to_fs(s3_bucket)
     fs.invalidate_cache()
     assert all(fs.exists(f"{s3_bucket}/runs/{key}/export/export.json") for key in keys)
-    rows = _leaderboard(fleet_server, "sweep-fleet4-leaderboard")
+    rows = _leaderboard(fleet_server, "gliner2-sweep-fleet4-leaderboard")
     assert [row["run_key"] for row in rows] != [] and sorted(row["run_key"] for row in rows) == keys
     metrics = [row["best_metric"] for row in rows]
     assert len(set(metrics) - {None}) == 4 and metrics == sorted(metrics), metrics  # eval_loss: lower is better

@@ -266,7 +266,7 @@ def _assert_leaderboard(runs: dict[str, Any]) -> None:
 
     with _client() as client:
         [artifact] = client.read_latest_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"sweep-{SWEEP_KEY}-leaderboard"]))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"gliner2-sweep-{SWEEP_KEY}-leaderboard"]))
         )
     rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
     assert sorted(row["run_key"] for row in rows) == sorted(runs)
