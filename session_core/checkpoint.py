@@ -97,7 +97,9 @@ def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _forget_pools() -> None:
-    _pools.clear()  # a forked child has none of the parent's threads
+    global _pools_lock
+    _pools.clear()  # a forked child has none of the parent's threads, and maybe a lock one of them held
+    _pools_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
