@@ -1,9 +1,10 @@
 """Atomic, hash-verified checkpoint directories on any fsspec storage, written and read as streams (torch-free).
 
 A checkpoint is a directory of named files plus `checkpoint.json`, the index, written last: it lists every file
-with its sha256 and size, the format name and version, a small `meta` dict, and `refs`: files kept outside the
-directory in a content-addressed store beside it (`../blobs/sha256-<hex>.<ext>`, e.g. best weights shared by many
-checkpoints; a blob is never rewritten or deleted while a checkpoint names it). A directory without a valid index
+with its digest (see Hashes below) and size, the format name and version, a small `meta` dict, and `refs`: files
+kept outside the directory in a content-addressed store beside it (`../blobs/chunked-sha256-<hex>.<ext>`, named by
+their digest; format 2 named them `sha256-<hex>.<ext>`; e.g. best weights shared by many checkpoints; a blob is
+never rewritten or deleted while a checkpoint names it). A directory without a valid index
 is not a checkpoint. Writing is a ``storage.directory_commit`` with the index as its marker: on local storage the
 files are staged in a hidden sibling directory, fsynced, and renamed into place, so a kill at any moment leaves
 either nothing or a complete checkpoint; on object stores the index is the commit marker. File names come from
