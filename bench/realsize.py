@@ -20,16 +20,25 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
 - bg vs block: training seconds lost per checkpoint written in the background vs synchronously (bench/overlap.py's
   `checkpoint_overlap`, on a fresh session; `--overlap-rounds 0` skips it).
+- flow-process RSS during a resume: `bench/flow_side_resume.py`, a separate process, imports what a flow process
+  imports (`flows.train`: Prefect and the runtime), then runs the flow side of a resume on a run directory whose
+  cursor names the real-size checkpoint (debris removal, the index-only damage check, the cursor read); its peak
+  RSS (`VmHWM`) is printed, with the part added after the imports. Not a whole flow run: no Prefect server, no
+  worker, no flow engine.
+- hash speed: sha256 of one buffer in one thread, and the checkpoints' chunked sha256 over the hashing threads,
+  beside a memcpy of the same bytes: what bounds save and load when the page cache makes raw I/O a memcpy.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +56,7 @@ import torch  # noqa: E402
 from overlap import checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
+from prefect_gliner2.session_core import checkpoint as checkpoint_mod  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
 from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
@@ -193,6 +203,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     session = new_session(model_dir, cfg, plan, args.device)
     parameters = sum(p.numel() for p in session.model.parameters())
     row: dict[str, Any] = {"arch": arch, "parameters": parameters, "build_s": time.perf_counter() - built}
+    row["load_average"] = round(os.getloadavg()[0], 2)
     if args.resume_only:  # one update, so that the checkpoint holds the AdamW moments as a real one does
         session.forward_backward(plan.batch(0))
         session.optim_step()
@@ -227,7 +238,8 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     row.update(resume(model_dir, cfg, plan, args, ckpt))
     progress(row)
-    shutil.rmtree(ckpt)
+    row.update(flow_side_rss(ckpt, plan, tmp))
+    progress(row)
     shutil.rmtree(model_dir)
     return row
 
@@ -269,6 +281,52 @@ def resume(
     }
 
 
+def flow_side_rss(ckpt: Path, plan: ManagedTrainingPlan, tmp: str) -> dict[str, float]:
+    """Peak RSS of a separate process doing the flow side of a resume from `ckpt` (moved into a run directory)."""
+    from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory
+    from prefect_gliner2.session_core import layout
+
+    run_dir = RunDirectory(str(Path(tmp) / "runs"), "realsize")
+    run_dir.create()
+    name = layout.checkpoint_name(1, 1)
+    os.rename(ckpt, Path(run_dir.path) / layout.CHECKPOINTS_DIR / name)
+    cursor = DurableCursor(checkpoint=name, cursor=2, step=1, epoch=0, finished=False, fingerprint=plan.fingerprint)
+    run_dir.commit_cursor(cursor)
+    command = [sys.executable, str(Path(__file__).with_name("flow_side_resume.py")), run_dir.storage, run_dir.run_key]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the flow-side resume process failed: {done.stderr[-2000:]}")
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    shutil.rmtree(run_dir.path)
+    return figures
+
+
+def hash_speed(size: int = 512 << 20) -> dict[str, float]:
+    """GB/s of sha256 (one thread), of the checkpoints' chunked sha256 (all hashing threads) and of a memcpy."""
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8).numpy()
+    view = memoryview(data)
+    copy = bytearray(size)  # touched once below so that the memcpy timing sees no page faults
+    memoryview(copy)[:] = view
+
+    def rate(action: Callable[[], Any]) -> float:
+        started = time.perf_counter()
+        action()
+        return size / (time.perf_counter() - started) / 1e9
+
+    def chunked() -> None:
+        stream = checkpoint_mod._HashStream(checkpoint_mod.HASH_CHUNK_BYTES)
+        for start in range(0, size, checkpoint_mod.CHUNK_BYTES):
+            stream.add(view[start : start + checkpoint_mod.CHUNK_BYTES])
+        stream.hexdigest()
+
+    return {
+        "sha256_gbps": rate(lambda: hashlib.sha256(view).digest()),
+        "chunked_sha256_gbps": rate(chunked),
+        "memcpy_gbps": rate(lambda: memoryview(copy).__setitem__(slice(None), view)),
+        "hash_threads": checkpoint_mod.HASH_THREADS,
+    }
+
+
 def print_all(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'arch':9} {'params M':>8} {'native s':>8} {'session s':>9} {'step ratio':>10} {'ckpt GB':>7} "
@@ -302,10 +360,18 @@ def print_all(rows: list[dict[str, Any]]) -> None:
                 f"{r['overlap_bg_steps']:8.0f}"
             )
     print("bg vs block: training time lost per checkpoint, background / synchronous write (bench/overlap.py)")
+    print_flow_side(rows)
 
 
 def _overlap_cell(row: dict[str, Any]) -> str:
     return f"{row['overlap_bg_vs_sync']:.2f}" if "overlap_bg_vs_sync" in row else "skipped"
+
+
+def print_flow_side(rows: list[dict[str, Any]]) -> None:
+    print(f"\n{'arch':9} {'flow RSS MB':>11} {'of it resume MB':>15} {'flow side s':>11}")
+    for r in rows:
+        print(f"{r['arch']:9} {r['flow_rss_mb']:11.0f} {r['flow_resume_extra_mb']:15.1f} {r['flow_side_s']:11.3f}")
+    print("flow RSS: peak (VmHWM) of a process with a flow's imports doing a resume's flow side; target < 300 MB")
 
 
 def print_resume(rows: list[dict[str, Any]]) -> None:
@@ -319,6 +385,7 @@ def print_resume(rows: list[dict[str, Any]]) -> None:
             f"{r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f} {r['resume_ratio']:6.2f}"
         )
     print("index s: the flow process's damage check now; verify s: the full verification it did before (not run)")
+    print_flow_side(rows)
 
 
 def main() -> None:
@@ -342,6 +409,12 @@ def main() -> None:
         print(f"{arch}: done", file=sys.stderr, flush=True)
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}, {'bf16' if args.bf16 else 'fp32'}")
+    speed = hash_speed()
+    print(
+        f"load average {os.getloadavg()[0]:.2f} (at the start of each arch: {[r['load_average'] for r in rows]}); "
+        f"sha256 {speed['sha256_gbps']:.2f} GB/s in one thread, chunked sha256 {speed['chunked_sha256_gbps']:.2f} "
+        f"GB/s in {speed['hash_threads']} threads, memcpy {speed['memcpy_gbps']:.2f} GB/s"
+    )
     if args.resume_only:
         print_resume(rows)
     else:

@@ -204,10 +204,15 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
                 f"{r['load_s']:.2f} s vs {r['raw_read_s']:.2f} s; extra peak RAM {r['load_extra_rss']:.2f}x",
             ),
             (
-                f"resume (verify + load + first batch) vs fresh start (first batch) ({name})",
+                f"resume (flow-side index check + verified load + first batch) vs fresh start (first batch) ({name})",
                 f"{r['resume_ratio']:.2f}",
-                f"{r['resume_s']:.2f} s vs {r['fresh_start_s']:.2f} s; of which the flow-side verification "
-                f"{r['verify_s']:.2f} s",
+                f"{r['resume_s']:.2f} s vs {r['fresh_start_s']:.2f} s; the index check {r['index_check_s']:.3f} s "
+                f"(a full verification, no longer done by the flow: {r['verify_s']:.2f} s)",
+            ),
+            (
+                f"flow-process peak RSS during a resume, flow side alone ({name})",
+                f"{r['flow_rss_mb']:.0f} MB",
+                f"of it added by the resume steps {r['flow_resume_extra_mb']:.1f} MB; target < 300 MB",
             ),
         ]
         if "overlap_bg_vs_sync" in r:

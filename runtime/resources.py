@@ -139,7 +139,7 @@ def prune_blobs(run_dir: RunDirectory) -> list[str]:
     """Delete blobs no committed checkpoint refers to that are older than the newest committed index (see the
     module docstring); returns their names. Call only while holding the lease, after `prune_checkpoints`. When an
     index cannot be read the references are unknown and nothing is deleted (logged)."""
-    from prefect_gliner2.session_core.checkpoint import checkpoint_refs
+    from prefect_gliner2.session_core.checkpoint import checkpoint_refs, is_blob_name
     from prefect_gliner2.session_core.errors import CheckpointError
 
     fs = run_dir.fs
@@ -159,7 +159,7 @@ def prune_blobs(run_dir: RunDirectory) -> list[str]:
     removed = []
     for entry in fs.ls(store, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if not name.startswith("sha256-") or name in referenced:
+        if not is_blob_name(name) or name in referenced:
             continue
         path = f"{store}/{name}"
         if fs.modified(path) < newest_index:

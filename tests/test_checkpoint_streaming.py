@@ -1,10 +1,13 @@
-"""Streaming, verified checkpoint I/O: bitwise round trips, corruption caught in the same pass, best weights stored
-once in the blob store, and a clear refusal of format-1 checkpoints for resuming."""
+"""Streaming, verified checkpoint I/O: bitwise round trips, corruption caught in the same pass (chunked sha256 of
+format 3, plain sha256 of format 2), best weights stored once in the blob store, format-2 checkpoints still resumed,
+and a clear refusal of format-1 checkpoints for resuming."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import safetensors.torch
 import torch
 
 from prefect_gliner2.session_core import (
+    CheckpointDamagedError,
     CheckpointError,
     ManagedTraining,
     SessionStateError,
@@ -68,7 +72,7 @@ def test_streaming_round_trip_is_bitwise_and_the_files_are_plain_safetensors(tmp
             1 for n in before if n.startswith("optim/") and n.endswith("exp_avg")
         )
     index = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())
-    assert index["version"] == checkpoint_mod.FORMAT_VERSION == 2
+    assert index["version"] == checkpoint_mod.FORMAT_VERSION == 3
 
 
 def test_tensor_stream_round_trip_covers_every_stored_dtype(tmp_path):
@@ -190,3 +194,93 @@ def test_format_1_checkpoints_are_refused_for_resume_with_a_way_forward(tmp_path
         torch.equal(a, b)
         for a, b in zip(warm.model.state_dict().values(), session.model.state_dict().values(), strict=True)
     )
+
+
+def _chunked_sha256(data: bytes, chunk: int) -> str:
+    """The format-3 file digest, computed here from its definition (module docstring of checkpoint.py)."""
+    digests = b"".join(hashlib.sha256(data[i : i + chunk]).digest() for i in range(0, len(data), chunk))
+    return hashlib.sha256(f"chunked-sha256 {chunk} {len(data)}\n".encode() + digests).hexdigest()
+
+
+def test_chunked_digests_follow_their_definition_and_any_flipped_byte_is_caught(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_mod, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(checkpoint_mod, "HASH_CHUNK_BYTES", 1000)  # pieces straddle reads and tensors
+    monkeypatch.setattr(checkpoint_mod, "HASH_THREADS", 3)
+    tensors = {f"t{i}": torch.randn(97 * (i + 1)) for i in range(12)}
+    write_checkpoint(str(tmp_path / "c"), {"t.safetensors": lambda handle: write_tensors(handle, tensors)}, {})
+    path = tmp_path / "c" / "t.safetensors"
+    entry = json.loads((tmp_path / "c" / "checkpoint.json").read_text())["files"]["t.safetensors"]
+    data = path.read_bytes()
+    assert entry == {"chunked_sha256": _chunked_sha256(data, 1000), "chunk_bytes": 1000, "bytes": len(data)}
+    assert len(data) % 1000 and len(data) > 20 * 1000  # a short last piece, many full ones
+    read_checkpoint(str(tmp_path / "c"))
+
+    for offset in (0, 9, 999, 1000, len(data) // 2, len(data) - len(data) % 1000, len(data) - 1):
+        _flip_byte(path, offset)
+        with pytest.raises(CheckpointDamagedError, match="does not match its recorded sha256"):
+            with open_checkpoint(str(tmp_path / "c")).open("t.safetensors") as reader:
+                reader.readinto(bytearray(len(data)))
+        _flip_byte(path, offset)  # flipped back: intact again
+    with open_checkpoint(str(tmp_path / "c")).open("t.safetensors") as reader:
+        assert_bitwise_equal(read_tensors(reader), tensors)
+
+
+def _as_format_2(checkpoint: Path) -> None:
+    """Rewrite a checkpoint's index as format 2 wrote it: version 2, each file's plain sha256, blobs named by it."""
+    index_path = checkpoint / "checkpoint.json"
+    index = json.loads(index_path.read_text())
+    for name in index["files"]:
+        data = (checkpoint / name).read_bytes()
+        index["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    for name, ref in index["refs"].items():
+        blob = checkpoint / ref["path"]
+        digest = hashlib.sha256(blob.read_bytes()).hexdigest()
+        renamed = blob.with_name(f"sha256-{digest}.safetensors")
+        if not renamed.exists():
+            os.link(blob, renamed)
+        index["refs"][name] = {"path": f"../blobs/{renamed.name}", "sha256": digest, "bytes": blob.stat().st_size}
+    index["version"] = 2
+    index_path.write_text(json.dumps(index, sort_keys=True, indent=1))
+
+
+def test_format_2_checkpoints_still_resume_exactly_and_are_still_verified(tmp_path):
+    config = make_config(
+        "span", False, eval_strategy="steps", eval_steps=1, save_best=True, metric_for_best="eval_loss"
+    )
+    plan = make_plan("span", config)
+
+    def managed() -> ManagedTraining:
+        session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+        return ManagedTraining(session, plan, eval_examples=eval_records())
+
+    run = managed()
+    while not run.has_best or run.cursor < 3:
+        run.run(until=run.cursor + 1)
+        if run.validation_due:
+            run.validate()
+    old = tmp_path / "checkpoints" / "old"
+    run.save_state(str(old))
+    _as_format_2(old)
+    before = snapshot(run.session)
+
+    resumed = managed()
+    resumed.load_state(str(old))
+    assert_bitwise_equal(snapshot(resumed.session), before)
+    assert_bitwise_equal(resumed.best_state, run.best_state)
+    new = tmp_path / "checkpoints" / "new"  # format 3 now, still naming the format-2 best-weights blob
+    resumed.save_state(str(new))
+    index = json.loads((new / "checkpoint.json").read_text())
+    assert index["version"] == 3 and index["refs"]["best.safetensors"]["path"].startswith("../blobs/sha256-")
+    assert all("chunked_sha256" in entry for entry in index["files"].values())
+    again = managed()
+    again.load_state(str(new))
+    assert_bitwise_equal(snapshot(again.session), before)
+    assert all(checkpoint_mod.is_blob_name(p.name) for p in (tmp_path / "checkpoints" / "blobs").iterdir())
+
+    for name in ("optimizer.safetensors", "weights.safetensors"):
+        victim = tmp_path / f"damaged-{name}"
+        shutil.copytree(old, victim / "old")
+        _flip_byte(victim / "old" / name, os.path.getsize(victim / "old" / name) - 3)
+        os.symlink(tmp_path / "checkpoints" / "blobs", victim / "blobs")
+        with pytest.raises(CheckpointDamagedError, match=f"{name}.*does not match its recorded sha256"):
+            managed().load_state(str(victim / "old"))
