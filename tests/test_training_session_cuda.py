@@ -71,3 +71,26 @@ def test_cuda_exact_continuation_and_export(arch, precision, lora, tmp_path):
     assert child["losses"] == tail
     assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), expected)
     assert (tmp_path / "export" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_background_snapshot_writes_the_synchronous_checkpoints_bytes(precision, tmp_path):
+    """A background checkpoint's snapshot (host copies of CUDA tensors taken at the step boundary) written after
+    training moved on holds the same bytes as the synchronous checkpoint taken at that boundary."""
+    from prefect_gliner2.session_core.checkpoint import write_checkpoint
+
+    if precision == "bf16" and not _native_bf16():
+        pytest.skip(f"{torch.cuda.get_device_name()} has no hardware-native bf16")
+    config = make_config("span", False, bf16=precision == "bf16")
+    plan = make_plan("span", config)
+    session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps, device="cuda")
+    cut = 6
+    run_direct(session, plan, stop=cut + 1)  # mid-accumulation: pending gradients are part of the state
+    session.save_state(str(tmp_path / "sync"))
+    files, meta = session.state_payload(snapshot=True)
+    run_direct(session, plan, start=cut + 1)  # the live tensors move on while the snapshot waits
+    write_checkpoint(str(tmp_path / "background"), files, meta)
+    written = sorted(p.name for p in (tmp_path / "sync").iterdir())
+    assert written == sorted(p.name for p in (tmp_path / "background").iterdir())
+    for name in written:
+        assert (tmp_path / "sync" / name).read_bytes() == (tmp_path / "background" / name).read_bytes(), name
