@@ -66,6 +66,7 @@ from prefect_gliner2.runtime.protocol import (
     encode_error,
 )
 from prefect_gliner2.session_core import layout, storage
+from prefect_gliner2.session_core.checkpoint import set_hash_threads
 
 PR_SET_PDEATHSIG = 1
 _WRITTEN_KEPT = 64  # background writes remembered for CommitCheckpoint (operations sent ahead are at most 64)
@@ -148,6 +149,7 @@ class SessionRunner:
 
         self.faults = spec.faults or FaultPlan()
         torch.set_num_threads(int(spec.cpu_threads))
+        set_hash_threads(int(spec.cpu_threads))  # checkpoint hashing stays within the slot's CPU share too
         from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
 
         loaded = ManagedTrainingPlan.from_manifest(spec.manifest_uri)

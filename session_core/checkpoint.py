@@ -53,7 +53,8 @@ RESUMABLE_VERSION = 2
 CHUNK_BYTES = 8 << 20
 #: Piece size of the chunked sha256 written into new indexes (each entry records its own; readers use that one).
 HASH_CHUNK_BYTES = 8 << 20
-#: Threads hashing pieces in parallel; at most this many times two, plus two, pieces wait to be hashed.
+#: Threads hashing pieces in parallel (at most this many times two, plus two, pieces wait to be hashed): the CPUs
+#: this process may use, at most 8; a session worker sets it to its slot's ``cpu_threads`` (``set_hash_threads``).
 HASH_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 _MAX_HASH_CHUNK = 1 << 30
 #: Written pieces shorter than this are copied before hashing (a caller may reuse a small buffer at once).
@@ -74,6 +75,7 @@ __all__ = [
     "is_blob_name",
     "open_checkpoint",
     "read_checkpoint",
+    "set_hash_threads",
     "store_blob",
     "write_checkpoint",
 ]
@@ -105,6 +107,15 @@ def _forget_pools() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pools)
+
+
+def set_hash_threads(threads: int) -> None:
+    """Hash with at most `threads` threads in this process (capped at 8), e.g. a worker slot's CPU share, so
+    checkpoint hashing never uses more CPUs than the training it belongs to."""
+    global HASH_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise CheckpointError(f"hash threads must be a positive int, got {threads!r}")
+    HASH_THREADS = min(8, threads)
 
 
 def _pieces_digest(pieces: list[memoryview]) -> bytes:

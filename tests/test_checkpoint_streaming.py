@@ -284,3 +284,20 @@ def test_format_2_checkpoints_still_resume_exactly_and_are_still_verified(tmp_pa
         os.symlink(tmp_path / "checkpoints" / "blobs", victim / "blobs")
         with pytest.raises(CheckpointDamagedError, match=f"{name}.*does not match its recorded sha256"):
             managed().load_state(str(victim / "old"))
+
+
+def test_hash_threads_follow_the_slot_and_bad_values_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_mod, "HASH_THREADS", checkpoint_mod.HASH_THREADS)  # restored after the test
+    monkeypatch.setattr(checkpoint_mod, "CHUNK_BYTES", 40_000)
+    monkeypatch.setattr(checkpoint_mod, "HASH_CHUNK_BYTES", 65_536)  # ~18 pieces: several threads share them
+    tensors = {"w": torch.randn(300_000)}
+    digests = []
+    for threads in (1, 2, 64):
+        checkpoint_mod.set_hash_threads(threads)
+        assert checkpoint_mod.HASH_THREADS == min(8, threads)
+        write_checkpoint(str(tmp_path / f"c{threads}"), {"w.safetensors": lambda h: write_tensors(h, tensors)}, {})
+        digests.append(json.loads((tmp_path / f"c{threads}" / "checkpoint.json").read_text())["files"])
+    assert digests[0] == digests[1] == digests[2]  # the digest does not depend on how many threads computed it
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(CheckpointError, match="hash threads must be a positive int"):
+            checkpoint_mod.set_hash_threads(bad)
