@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from prefect_gliner2.session_core.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import ROOT, THREADS, write_jsonl
+from support.prefect_harness import delete_deployments
+from support.processes import serving
 
 TRAIN, RETRAIN, SWEEP = "gliner2-train/train", "gliner2-retrain/retrain-nightly", "gliner2-sweep/sweep"
 
@@ -193,51 +194,17 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
         }
     }
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
-    _delete_deployments(
-        TRAIN, RETRAIN, SWEEP
-    )  # served deployments must not inherit a work-pool deployment's pull steps
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "prefect_gliner2.deployments.serve", "--parameters", str(tmp_path / "overrides.json")],
-        cwd=str(ROOT),
-        env=_env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs")),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        _wait_served(process, tmp_path / "serve.log")
+    delete_deployments(TRAIN, RETRAIN, SWEEP)
+    command = [
+        sys.executable,
+        "-m",
+        "prefect_gliner2.deployments.serve",
+        "--parameters",
+        str(tmp_path / "overrides.json"),
+    ]
+    env = _env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs"))
+    with serving(command, env, tmp_path / "serve.log"):
         yield {"inputs": inputs, "root": tmp_path}
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
-
-
-def _delete_deployments(*names: str) -> None:
-    from prefect.exceptions import ObjectNotFound
-
-    with _client() as client:
-        for name in names:
-            try:
-                client.delete_deployment(client.read_deployment_by_name(name).id)
-            except ObjectNotFound:
-                pass
-
-
-def _wait_served(process: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"serve.py exited with {process.returncode}:\n{log.read_text()}")
-        if "Your deployments are being served" in log.read_text() or "deployments are being served" in log.read_text():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"serve.py did not start serving within {timeout} s:\n{log.read_text()}")
 
 
 def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:

@@ -5,8 +5,6 @@ and in-process validation refuses it with the session's own message."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ from prefect_gliner2.session_core.errors import ConfigError
 
 from support.config import training_config
 from support.flow import ROOT, make_inputs
+from support.processes import serving
 
 NAME = "gliner2-train/form-check"
 SERVE = (
@@ -36,7 +35,6 @@ def served(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     root = tmp_path_factory.mktemp("form")
     inputs = make_inputs(root / "data", n_train=4, n_valid=2)
     log_path = root / "serve.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT),
@@ -44,28 +42,8 @@ def served(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         PREFECT_GLINER2_STORAGE=str(root / "runs"),
         PREFECT_RUNNER_POLL_FREQUENCY="1",
     )
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVE],
-        cwd=str(ROOT),
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while "being served" not in log_path.read_text():
-            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.5)
+    with serving([sys.executable, "-c", SERVE], env, log_path):
         yield {"root": root, "inputs": inputs, "log": log_path}
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
 
 
 def _client() -> Any:

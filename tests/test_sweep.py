@@ -27,6 +27,8 @@ from prefect_gliner2.session_core.errors import ConfigError
 
 from support.config import training_config
 from support.flow import FAULT_SITE, ROOT, THREADS, assert_same_export, make_inputs, reference_export
+from support.prefect_harness import delete_deployments
+from support.processes import serving
 
 TRAIN, SWEEP = "gliner2-train/train", "gliner2-sweep/sweep"
 SWEEP_KEY = "crashy"
@@ -77,43 +79,19 @@ def _client() -> Any:
 @pytest.fixture()
 def served_with_pause(prefect_server: str, tmp_path: Path) -> Iterator[Path]:
     """The deployments served (``deployments/serve.py``), every flow run pausing at cursor 3 (markers/cursor-3)."""
-    from prefect.exceptions import ObjectNotFound
-
-    with _client() as client:  # served deployments must not inherit a work-pool deployment of the same name
-        for name in (TRAIN, SWEEP, "gliner2-retrain/retrain-nightly"):
-            try:
-                client.delete_deployment(client.read_deployment_by_name(name).id)
-            except ObjectNotFound:
-                pass
+    delete_deployments(TRAIN, SWEEP, "gliner2-retrain/retrain-nightly")
     markers = tmp_path / "markers"
     markers.mkdir()
     plan = FaultPlan((Fault.pause("cursor", 3, PAUSE),), markers=str(markers))
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "prefect_gliner2.deployments.serve"],
-        cwd=str(ROOT),
-        env=dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([str(FAULT_SITE), str(ROOT)]),
-            PREFECT_API_URL=prefect_server,
-            PREFECT_RUNNER_POLL_FREQUENCY="1",
-            SUPPORT_FAULT_PLAN=plan.to_json(),
-        ),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(FAULT_SITE), str(ROOT)]),
+        PREFECT_API_URL=prefect_server,
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+        SUPPORT_FAULT_PLAN=plan.to_json(),
     )
-    try:
-        _wait_until(lambda: "being served" in (tmp_path / "serve.log").read_text(), 120, "serve.py serving", process)
+    with serving([sys.executable, "-m", "prefect_gliner2.deployments.serve"], env, tmp_path / "serve.log"):
         yield markers
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
 
 
 def _wait_until(check: Any, timeout: float, what: str, process: subprocess.Popen[bytes] | None = None) -> Any:

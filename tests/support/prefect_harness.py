@@ -12,7 +12,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-__all__ = ["local_prefect_server"]
+__all__ = ["delete_deployments", "local_prefect_server"]
 
 
 @contextlib.contextmanager
@@ -28,3 +28,17 @@ def local_prefect_server() -> Iterator[str]:
         temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
     ):
         yield str(settings.PREFECT_API_URL.value())
+
+
+def delete_deployments(*names: str) -> None:
+    """Delete the named deployments ("flow/deployment") from the current API, if they exist (served deployments
+    must not inherit a work-pool deployment of the same name and its pull steps)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                pass

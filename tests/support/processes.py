@@ -1,4 +1,5 @@
-"""Child processes in tests and the chaos engine: SIGKILL one and collect its output, wait until a pid is gone."""
+"""Child processes in tests and the chaos engine: SIGKILL one and collect its output, wait until a pid is gone, run
+a served-deployments process for the length of a fixture."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
-__all__ = ["kill9", "pid_gone"]
+from support.flow import ROOT
+
+__all__ = ["kill9", "pid_gone", "serving"]
 
 
 def kill9(process: subprocess.Popen[str]) -> str:
@@ -30,3 +35,29 @@ def pid_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@contextlib.contextmanager
+def serving(command: list[str], env: dict[str, str], log_path: Path, timeout: float = 120) -> Iterator[None]:
+    """Run `command` (a process that serves deployments) in its own process group, logging to `log_path`, until it
+    says its deployments are being served; stop it on exit (SIGINT to the group, SIGKILL if it lingers)."""
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while "deployments are being served" not in log_path.read_text():
+                if process.poll() is not None:
+                    raise AssertionError(f"{command} exited with {process.returncode}:\n{log_path.read_text()}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{command} did not start serving within {timeout} s:\n{log_path.read_text()}")
+                time.sleep(0.5)
+            yield
+        finally:
+            os.killpg(process.pid, signal.SIGINT)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
