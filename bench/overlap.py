@@ -57,7 +57,8 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def _config(tmp: str, bf16: bool) -> TrainingConfig:
+def bench_config(tmp: str, bf16: bool) -> TrainingConfig:
+    """Batch 2, one optimizer step per batch, no validation: the real-size benchmarks' training settings."""
     return TrainingConfig(
         output_dir=tmp,
         fp16=False,
@@ -91,7 +92,7 @@ def checkpoint_overlap(
     docstring), on a fresh session of the model at `model_dir`; checkpoints go under `tmp` and are deleted."""
     from gliner2.auto import AutoExtractor
 
-    cfg = _config(tmp, bf16)
+    cfg = bench_config(tmp, bf16)
     # enough distinct batches for every step of every round (the background rounds may run more: they wrap around)
     plan = ManagedTrainingPlan(tiny_records(2 * (4 * steps + 8) * rounds, seed=3), cfg, architecture=architecture)
     trainer = _Trainer(

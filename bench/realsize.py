@@ -53,7 +53,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
-from overlap import checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
+from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core import checkpoint as checkpoint_mod  # noqa: E402
@@ -91,21 +91,6 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self.now())
-
-
-def config(tmp: str, bf16: bool) -> TrainingConfig:
-    return TrainingConfig(
-        output_dir=tmp,
-        fp16=False,
-        bf16=bf16,
-        batch_size=2,
-        gradient_accumulation_steps=1,
-        num_epochs=1,
-        eval_strategy="no",
-        save_best=False,
-        group_by_length=False,
-        seed=1,
-    )
 
 
 def new_session(model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, device: str) -> TrainingSession:
@@ -198,7 +183,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     if args.smoke:  # the same code paths on a small DeBERTa-v3 (seconds): for checking the script itself
         shape.update(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, vocab_size=1000)
     model_dir = save_tiny_model(Path(tmp) / f"model-{arch}", arch, seed=0, dropout=0.1, **shape)
-    cfg = config(tmp, args.bf16)
+    cfg = bench_config(tmp, args.bf16)
     plan = ManagedTrainingPlan(tiny_records(4 * args.steps + 8, seed=3), cfg, architecture=arch)
     session = new_session(model_dir, cfg, plan, args.device)
     parameters = sum(p.numel() for p in session.model.parameters())
