@@ -38,6 +38,7 @@ from prefect_gliner2.runtime.errors import LeaseUnreadableError, RunLockedError
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core.layout import LEASE_CLAIMS_DIR as CLAIMS_DIR
 from prefect_gliner2.session_core.layout import LEASE_FILE
+from prefect_gliner2.session_core.storage import process_alive, process_start
 
 __all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_LEASE_WAIT", "RunLease"]
 
@@ -70,7 +71,7 @@ class RunLease:
             "owner": uuid.uuid4().hex,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "pid_start": _process_start(os.getpid()),
+            "pid_start": process_start(os.getpid()),
             "flow_run_id": flow_run_id,
         }
         self._fd: int | None = None
@@ -243,7 +244,7 @@ class RunLease:
         mine = self.owner["flow_run_id"]
         if mine is not None and claim.get("flow_run_id") == mine:
             return "an earlier attempt of this same flow run"
-        if claim.get("host") == self.owner["host"] and not _alive(claim.get("pid"), claim.get("pid_start")):
+        if claim.get("host") == self.owner["host"] and not process_alive(claim.get("pid"), claim.get("pid_start")):
             return f"process {claim.get('pid')} on this host is gone"
         if self.holder_gone is not None and claim.get("held"):
             reason = self.holder_gone(claim)
@@ -271,34 +272,6 @@ class RunLease:
             f"{self.wait:.0f} s (lease_wait). Two runs on one run key would interleave: wait for it to finish, "
             "cancel it, or choose a different run key"
         )
-
-
-def _process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(pid: Any, start: Any) -> bool:
-    if not isinstance(pid, int):
-        return True  # cannot tell: not provably gone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False  # a zombie: dead, not yet reaped
-    except (OSError, IndexError):
-        pass
-    current = _process_start(pid)
-    return start is None or current is None or current == start
 
 
 def _clock(epoch: float) -> str:
