@@ -28,6 +28,7 @@ from support.flow import (
     make_space,
     reference_export,
     run_flow,
+    space_params,
     wait_for_marker,
 )
 from support.processes import kill9, pid_gone
@@ -120,18 +121,7 @@ def test_a_failed_background_write_is_raised_and_never_committed(space: dict[str
 
 
 def _flow(space: dict[str, Any], run_key: str, **extra: Any) -> dict[str, Any]:
-    return dict(
-        model=space["span"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=training_config(),
-        run_key=run_key,
-        storage=str(space["root"] / "runs"),
-        checkpoint_every=2,
-        keep_checkpoints=None,
-        background_checkpoints=True,
-        **extra,
-    )
+    return space_params(space, run_key, keep_checkpoints=None, background_checkpoints=True, **extra)
 
 
 @pytest.mark.usefixtures("prefect_server")

@@ -22,7 +22,16 @@ from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.session_core import layout
 
 from support.config import training_config
-from support.flow import ROOT, assert_same_export, flow_child, make_space, reference_export, run_flow, wait_for_marker
+from support.flow import (
+    ROOT,
+    assert_same_export,
+    flow_child,
+    make_space,
+    reference_export,
+    run_flow,
+    space_params,
+    wait_for_marker,
+)
 from support.processes import kill9, pid_gone
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -99,15 +108,7 @@ def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str
     from prefect.states import Crashed
 
     cfg = training_config(use_lora=True)
-    params = dict(
-        model=space["span"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=cfg,
-        run_key="crash-retry",
-        storage=str(space["root"] / "runs"),
-        checkpoint_every=1,
-    )
+    params = space_params(space, "crash-retry", config=cfg, checkpoint_every=1)
     worker, _ = _crash_at(params, "batch:8", space["root"] / "m6", prefect_server)
     assert pid_gone(worker)
     lease = json.loads((space["root"] / "runs" / "crash-retry" / ".lease").read_text())  # who held the run key

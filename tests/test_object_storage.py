@@ -25,7 +25,16 @@ from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import checkpoint_refs
 
 from support.config import training_config
-from support.flow import ROOT, assert_same_export, flow_child, make_space, reference_export, run_flow, wait_for_marker
+from support.flow import (
+    ROOT,
+    assert_same_export,
+    flow_child,
+    make_space,
+    reference_export,
+    run_flow,
+    space_params,
+    wait_for_marker,
+)
 from support.processes import kill9, pid_gone
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -54,14 +63,9 @@ def test_a_run_on_s3_exports_the_reference_bits_and_keeps_bounded_checkpoints(
 ) -> None:
     cfg = training_config()
     summary = run_flow(
-        model=space["span"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=cfg,
-        run_key="s3-span",
-        storage=f"{s3_bucket}/runs",
-        checkpoint_every=1,
-        keep_checkpoints=2,
+        **space_params(
+            space, "s3-span", config=cfg, storage=f"{s3_bucket}/runs", checkpoint_every=1, keep_checkpoints=2
+        )
     )
     assert summary["export"].startswith("s3://")
     reference = reference_export(space["span"], space["inputs"], cfg, space["root"] / "ref-span")

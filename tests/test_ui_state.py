@@ -18,8 +18,7 @@ from prefect_gliner2.flows.events import CHECKPOINT_EVENT
 from prefect_gliner2.flows.reporting import NAME_LABEL, RESUMED_BY_LABEL, RESUMES_LABEL, artifact_key
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
-from support.config import training_config
-from support.flow import flow_child, make_space, run_flow, wait_for_marker
+from support.flow import flow_child, make_space, run_flow, space_params, wait_for_marker
 from support.processes import kill9
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -44,15 +43,7 @@ def _artifacts(key: str) -> list[Any]:
 
 
 def _params(space: dict[str, Any], run_key: str) -> dict[str, Any]:
-    return dict(
-        model=space["span"],
-        train_data=space["inputs"]["train"],
-        valid_data=space["inputs"]["valid"],
-        config=training_config(),
-        run_key=run_key,
-        storage=str(space["root"] / "runs"),
-        checkpoint_every=2,
-    )
+    return space_params(space, run_key)
 
 
 def test_a_finished_runs_labels_name_and_message_are_its_final_position(space: dict[str, Any]) -> None:

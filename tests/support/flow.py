@@ -39,6 +39,23 @@ def make_space(root: Path) -> dict[str, Any]:
     }
 
 
+def space_params(space: dict[str, Any], run_key: str, **overrides: Any) -> dict[str, Any]:
+    """train_flow parameters for the space's tiny span model on its inputs, the suite's training config,
+    checkpoints every 2 updates under <root>/runs; `overrides` replace or add parameters."""
+    from support.config import training_config
+
+    return {
+        "model": space["span"],
+        "train_data": space["inputs"]["train"],
+        "valid_data": space["inputs"]["valid"],
+        "config": training_config(),
+        "run_key": run_key,
+        "storage": str(space["root"] / "runs"),
+        "checkpoint_every": 2,
+        **overrides,
+    }
+
+
 def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
     """Training/validation JSONL files of tiny records (deterministic)."""
     from prefect_gliner2.session_core.tiny import tiny_records
