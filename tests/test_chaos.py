@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support import chaos
+from support import chaos, chaos_storage
 
 
 def test_quick_chaos_resumes_bit_for_bit(prefect_server: str, tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_differing_bits_counts_exact_bit_flips() -> None:
 def test_storage_faults_are_detected_and_never_silently_retrained(prefect_server: str, tmp_path: Path) -> None:
     """A damaged newest checkpoint is detected, moved aside, and the run continues exactly from the previous intact
     checkpoint (never silently ignored); a failing checkpoint write (injected, or a real EFBIG) loses nothing."""
-    faults = chaos.storage_faults(tmp_path, chaos.make_inputs(tmp_path / "data"), prefect_server)
+    faults = chaos_storage.storage_faults(tmp_path, chaos.make_inputs(tmp_path / "data"), prefect_server)
     text = "\n".join(
         f"{f.fault}: detected {f.detected}, exact {f.continued_exactly}; {f.error} -- {f.note}" for f in faults
     )
