@@ -9,7 +9,9 @@ the session refuses or fixes (``fp16``, ``num_workers``, ``local_rank``, ``compi
 
 From Python a flat mapping of ``TrainingConfig`` fields (``{"fp16": False, "bf16": False, ...}``) or a
 ``TrainingConfig`` is accepted too; it is checked by ``TrainingConfig`` itself, so every refusal carries the same
-message as everywhere else. ``to_training_config`` is the one conversion to ``session_core.TrainingConfig``.
+message as everywhere else. ``to_training_config`` is the one conversion to ``session_core.TrainingConfig``;
+``check_runnable`` refuses, before any task runs, what the schema cannot express (bf16 on CPU, early stopping
+without validation).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.config import DEFAULT_LORA_TARGET_MODULES
-from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.errors import (
+    BF16_NEEDS_CUDA,
+    EARLY_STOPPING_NEEDS_VALIDATION,
+    ConfigError,
+    PrecisionError,
+)
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, greater_is_better_for
 
-__all__ = ["FIXED_FIELDS", "METRICS", "AdvancedSettings", "TrainingSettings"]
+__all__ = ["FIXED_FIELDS", "METRICS", "AdvancedSettings", "TrainingSettings", "check_runnable"]
 
 # The validation metrics the managed driver computes (session_core.metrics), plus "auto" (the config's default).
 METRICS = EVAL_KEYS
@@ -254,3 +261,12 @@ def _from_training_config(config: TrainingConfig) -> dict[str, Any]:
 assert _ADVANCED | frozenset(TrainingSettings.model_fields) | FIXED_FIELDS >= {
     f.name for f in dataclasses.fields(TrainingConfig)
 }, "every TrainingConfig field is offered on the form or listed as fixed"
+
+
+def check_runnable(config: TrainingConfig, has_validation: bool, device: str | None) -> None:
+    """Refuse, before any task runs, what the worker would refuse for a configuration reason the form's schema
+    cannot express (same messages as the session's own refusals)."""
+    if config.early_stopping and not has_validation:
+        raise ConfigError(EARLY_STOPPING_NEEDS_VALIDATION)
+    if config.bf16 and device == "cpu":
+        raise PrecisionError(BF16_NEEDS_CUDA)

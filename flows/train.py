@@ -36,7 +36,7 @@ from prefect_gliner2.flows.events import (
     emit_run_event,
     emit_start,
 )
-from prefect_gliner2.flows.params import TrainingSettings
+from prefect_gliner2.flows.params import TrainingSettings, check_runnable
 from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import faults, live_runs
 from prefect_gliner2.runtime.errors import (
@@ -55,11 +55,8 @@ from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.errors import (
-    BF16_NEEDS_CUDA,
-    EARLY_STOPPING_NEEDS_VALIDATION,
     CheckpointDamagedError,
     ConfigError,
-    PrecisionError,
 )
 from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
 from prefect_gliner2.session_core.storage import resolve
@@ -261,7 +258,7 @@ def train_flow(
     )
     if init_weights is not None:
         _check_init_weights(init_weights)
-    check_runnable(prepared, device)
+    check_runnable(prepared.plan.config, prepared.has_validation, device)
     run_dir = prepared.run_dir
     flow_run_id = _flow_run_id()
     run_dir.create()
@@ -420,15 +417,6 @@ def _log_damaged(run_dir: RunDirectory, damaged: str) -> None:
         restore.checkpoint if restore else None,
         restore.cursor if restore else None,
     )
-
-
-def check_runnable(prepared: PreparedRun, device: str | None) -> None:
-    """Refuse, before any task runs, what the worker would refuse for a configuration reason (same messages)."""
-    config = prepared.plan.config
-    if config.early_stopping and not prepared.has_validation:
-        raise ConfigError(EARLY_STOPPING_NEEDS_VALIDATION)
-    if config.bf16 and device == "cpu":
-        raise PrecisionError(BF16_NEEDS_CUDA)
 
 
 def _check_hardware(live: LiveRun, bf16: bool, device: str | None) -> None:
