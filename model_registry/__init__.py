@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
-from .store import ModelRegistry, ModelVersion, RegistryError
+if __name__ != "prefect_gliner2.model_registry":  # the folder imported under a bare name (sys.path at a checkout)
+    raise ImportError(f"import prefect_gliner2.model_registry, not {__name__}: a second copy would split every class")
+
+from prefect_gliner2.model_registry.store import ModelRegistry, ModelVersion, RegistryError
 
 __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]

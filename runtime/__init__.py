@@ -4,3 +4,6 @@ the retry rule and test fault plans.
 
 Nothing here imports prefect; torch loads only in the worker child process.
 """
+
+if __name__ != "prefect_gliner2.runtime":  # the folder imported under a bare name (sys.path at a checkout)
+    raise ImportError(f"import prefect_gliner2.runtime, not {__name__}: a second copy would split every class")

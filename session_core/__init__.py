@@ -12,11 +12,14 @@ WeightsError, AdapterMismatchError, SessionStateError, TrainingNumericsError.
 
 from __future__ import annotations
 
+if __name__ != "prefect_gliner2.session_core":  # the folder imported under a bare name (sys.path at a checkout)
+    raise ImportError(f"import prefect_gliner2.session_core, not {__name__}: a second copy would split every class")
+
 import importlib
 from typing import Any
 
-from .config import TrainingConfig
-from .errors import (
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.errors import (
     AdapterMismatchError,
     CheckpointDamagedError,
     CheckpointError,
@@ -31,7 +34,7 @@ from .errors import (
     TrainingNumericsError,
     WeightsError,
 )
-from .plan import ManagedTrainingPlan, PlanBatch
+from prefect_gliner2.session_core.plan import ManagedTrainingPlan, PlanBatch
 
 _LAZY = {
     "InputExample": ("gliner2.training", "InputExample"),

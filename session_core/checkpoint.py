@@ -37,11 +37,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import layout
-from .errors import CheckpointDamagedError, CheckpointError
-from .layout import BLOB_DIR
-from .layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
-from .storage import directory_commit, fsync_dir, is_local, open_new_local, resolve
+from prefect_gliner2.session_core import layout
+from prefect_gliner2.session_core.errors import CheckpointDamagedError, CheckpointError
+from prefect_gliner2.session_core.layout import BLOB_DIR
+from prefect_gliner2.session_core.layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
+from prefect_gliner2.session_core.storage import directory_commit, fsync_dir, is_local, open_new_local, resolve
 
 FORMAT_NAME = "prefect-gliner2/checkpoint"
 #: 2: tensors streamed (optimizer moments as safetensors), best weights referenced from the blob store.

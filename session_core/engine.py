@@ -34,7 +34,7 @@ import torch
 from gliner2.training.trainer import ExtractorCollator, ExtractorTrainer, get_scheduler
 from gliner2.training.trainer import TrainingConfig as NativeTrainingConfig
 
-from .errors import (
+from prefect_gliner2.session_core.errors import (
     BF16_NEEDS_CUDA,
     AdapterMismatchError,
     ConfigError,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .metrics import LOSS_SOURCES
-from .scoring import DatasetSchema, ScoreReport, inference_schema, score_records
+from prefect_gliner2.session_core.metrics import LOSS_SOURCES
+from prefect_gliner2.session_core.scoring import DatasetSchema, ScoreReport, inference_schema, score_records
 
 __all__ = ["PER_LABEL_KEY", "evaluate_session", "model_extractor", "native_losses", "score_extraction"]
 

@@ -33,16 +33,21 @@ from typing import Any
 
 import torch
 
-from .checkpoint import FileRef, Payload, open_checkpoint, store_blob, write_checkpoint
-from .errors import EARLY_STOPPING_NEEDS_VALIDATION, ConfigError, PlanMismatchError, SessionStateError
-from .evaluation import evaluate_session
-from .layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
-from .metrics import EVAL_KEYS, LOSS_KEYS
-from .pairs import to_pairs
-from .plan import ManagedTrainingPlan
-from .session import TrainingSession
-from .state import read_tensors, write_tensors
-from .weights import export_weights
+from prefect_gliner2.session_core.checkpoint import FileRef, Payload, open_checkpoint, store_blob, write_checkpoint
+from prefect_gliner2.session_core.errors import (
+    EARLY_STOPPING_NEEDS_VALIDATION,
+    ConfigError,
+    PlanMismatchError,
+    SessionStateError,
+)
+from prefect_gliner2.session_core.evaluation import evaluate_session
+from prefect_gliner2.session_core.layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
+from prefect_gliner2.session_core.metrics import EVAL_KEYS, LOSS_KEYS
+from prefect_gliner2.session_core.pairs import to_pairs
+from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+from prefect_gliner2.session_core.session import TrainingSession
+from prefect_gliner2.session_core.state import read_tensors, write_tensors
+from prefect_gliner2.session_core.weights import export_weights
 
 MANAGED_KIND = "managed"
 StepCallback = Callable[[int, dict[str, Any]], None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import RecordError
+from prefect_gliner2.session_core.errors import RecordError
 
 Pair = tuple[str, dict[str, Any]]
 

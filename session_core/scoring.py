@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RecordError
-from .metrics import KIND_F1_KEYS
+from prefect_gliner2.session_core.errors import RecordError
+from prefect_gliner2.session_core.metrics import KIND_F1_KEYS
 
 __all__ = [
     "KINDS",

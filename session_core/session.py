@@ -24,14 +24,20 @@ from typing import Any
 
 import torch
 
-from . import engine as engine_mod
-from . import layout
-from .checkpoint import Checkpoint, Payload, open_checkpoint, write_checkpoint
-from .config import TrainingConfig
-from .errors import CheckpointError, ConfigError, SessionCoreError, SessionStateError, StateMismatchError
-from .identity import describe_model, model_differences
-from .pairs import to_pairs
-from .state import (
+from prefect_gliner2.session_core import engine as engine_mod
+from prefect_gliner2.session_core import layout
+from prefect_gliner2.session_core.checkpoint import Checkpoint, Payload, open_checkpoint, write_checkpoint
+from prefect_gliner2.session_core.config import TrainingConfig
+from prefect_gliner2.session_core.errors import (
+    CheckpointError,
+    ConfigError,
+    SessionCoreError,
+    SessionStateError,
+    StateMismatchError,
+)
+from prefect_gliner2.session_core.identity import describe_model, model_differences
+from prefect_gliner2.session_core.pairs import to_pairs
+from prefect_gliner2.session_core.state import (
     base_weights,
     bytes_to_object,
     capture_grads,
@@ -208,7 +214,7 @@ class TrainingSession:
 
     def load_weights(self, uri: str) -> dict[str, Any]:
         """Start a new run from weights (native dir, PEFT adapter dir or session checkpoint); optimizer stays fresh."""
-        from .weights import load_weights
+        from prefect_gliner2.session_core.weights import load_weights
 
         with self._lock:
             self._check_usable()
@@ -227,7 +233,7 @@ class TrainingSession:
         """Write a native model directory (plus adapter / merged model for LoRA); live weights are untouched.
 
         `before_commit` runs when the files are written, just before they are committed."""
-        from .weights import export_weights
+        from prefect_gliner2.session_core.weights import export_weights
 
         with self._lock:
             self._check_usable()

@@ -21,8 +21,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from .checkpoint import VerifiedReader
-from .errors import CheckpointError
+from prefect_gliner2.session_core.checkpoint import VerifiedReader
+from prefect_gliner2.session_core.errors import CheckpointError
 
 _DTYPE_NAMES = {
     torch.float64: "F64",

@@ -24,10 +24,10 @@ import fsspec
 import safetensors.torch
 import torch
 
-from .checkpoint import open_checkpoint
-from .engine import unwrap, validate_adapter_config
-from .errors import AdapterMismatchError, WeightsError
-from .layout import (
+from prefect_gliner2.session_core.checkpoint import open_checkpoint
+from prefect_gliner2.session_core.engine import unwrap, validate_adapter_config
+from prefect_gliner2.session_core.errors import AdapterMismatchError, WeightsError
+from prefect_gliner2.session_core.layout import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_DIR,
     ADAPTER_WEIGHTS_FILE,
@@ -39,11 +39,18 @@ from .layout import (
     MODEL_WEIGHTS_INDEX_FILE,
     WEIGHTS_FILE,
 )
-from .state import base_weights, canonical_name, read_tensors, tensors_digest
-from .storage import TEMP_PREFIX, clean_stale_temp, directory_commit, interrupted_commit, is_local, resolve
+from prefect_gliner2.session_core.state import base_weights, canonical_name, read_tensors, tensors_digest
+from prefect_gliner2.session_core.storage import (
+    TEMP_PREFIX,
+    clean_stale_temp,
+    directory_commit,
+    interrupted_commit,
+    is_local,
+    resolve,
+)
 
 if TYPE_CHECKING:
-    from .session import TrainingSession
+    from prefect_gliner2.session_core.session import TrainingSession
 
 _WIDENING = {
     (torch.float16, torch.float32),

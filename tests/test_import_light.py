@@ -70,3 +70,34 @@ def test_each_planning_module_alone_is_light() -> None:
         )
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
         assert done.stdout.strip() == "[]", (module, done.stdout)
+
+
+PACKAGE_FOLDERS = ("session_core", "runtime", "tasks", "flows", "model_registry", "deployments")
+
+
+def test_folders_refuse_their_bare_names_from_a_checkout() -> None:
+    """A script or notebook run from the checkout has the folders on sys.path under their bare names: importing
+    one that way would load a second copy of every module (``config must be a TrainingConfig, got
+    TrainingConfig``), so each refuses and names the import to use."""
+    for folder in PACKAGE_FOLDERS:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {folder}"], cwd=ROOT, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 1, (folder, done.stdout, done.stderr)
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ImportError: import prefect_gliner2.{folder}, not {folder}:"), last
+
+
+def test_the_namespace_imports_from_a_checkout_as_one_copy() -> None:
+    script = (
+        "from prefect_gliner2.session_core import ConfigError, ManagedTrainingPlan, TrainingConfig\n"
+        "import prefect_gliner2.session_core.config as config_module, sys\n"
+        "assert TrainingConfig is config_module.TrainingConfig\n"
+        "try:\n"
+        "    TrainingConfig(fp16=False, bf16=False, batch_size=0)\n"
+        "except ConfigError as exc:\n"
+        "    print('caught', type(exc).__module__)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {PACKAGE_FOLDERS!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["caught prefect_gliner2.session_core.errors", "[]"], done.stdout
