@@ -46,9 +46,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prefect_gliner2.session_core.canonical import RecordSet, canonical_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, ManifestError
-from prefect_gliner2.session_core.records import RecordSet, canonical_json, load_records
+from prefect_gliner2.session_core.records import load_records
 
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.manifest import LoadedManifest
