@@ -27,7 +27,7 @@ from prefect_gliner2.runtime.protocol import (
     decode_error,
     encode_error,
 )
-from prefect_gliner2.runtime.worker_child import HANDLERS, SessionRunner
+from prefect_gliner2.runtime.session_runner import HANDLERS, SessionRunner
 from prefect_gliner2.session_core.checkpoint import read_checkpoint, write_checkpoint
 from prefect_gliner2.session_core.errors import (
     CheckpointError,
