@@ -140,3 +140,14 @@ def test_old_import_locations_still_name_the_same_classes() -> None:
         if isinstance(value, type):
             assert value is getattr(errors, name), name
     assert model_registry.RegistryError is errors.RegistryError
+
+
+def test_the_public_api_exports_errors_from_the_tree() -> None:
+    import prefect_gliner2
+    import prefect_gliner2.session_core as session_core
+
+    for package in (prefect_gliner2, session_core):
+        exported = [name for name in package.__all__ if name.endswith(("Error", "Died"))]
+        assert "PrefectGliner2Error" in exported and "SessionCoreError" in exported
+        for name in exported:
+            assert getattr(package, name) is getattr(errors, name), (package.__name__, name)
