@@ -40,7 +40,7 @@ from prefect import flow, get_run_logger
 from pydantic import Field, ValidationError
 
 from prefect_gliner2.flows.params import TrainingSettings
-from prefect_gliner2.flows.reporting import artifact_key
+from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.flows.train import default_storage
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
