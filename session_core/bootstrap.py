@@ -9,11 +9,15 @@ of Berg-Kirkpatrick et al. 2012 and Dror et al. 2018), and recomputes each F1 as
 summed counts, ``2 tp / (2 tp + fp + fn)``: a record is the unit, so the mentions of one record move together.
 
 The resampling and the interval are ``scipy.stats.bootstrap`` with a seeded ``numpy.random.Generator``. Its data are
-the record indices: scipy's own ``paired=True`` resamples the indices of the observations and gathers every input
-array along them, which for F1 copies ``labels x 4`` count arrays per resample (2.5 s for 5,000 records x 10 labels x
-2,000 resamples on this project's CPUs, and as much again for BCa's jackknife). Here the statistic turns a batch of
-resampled indices into per-record weights (``bincount``) and sums the counts with one matrix product: the same
-resamples and intervals, 0.6 s. numpy and scipy load inside :func:`bootstrap_f1` only.
+the record indices: scipy's own ``paired=True`` resamples the indices of the observations too, then gathers every
+input array along them, which for F1 copies ``labels x 4`` count arrays per resample (and again for each leave-one-out
+sample of BCa's jackknife). Here the statistic turns a batch of resampled indices into per-record weights
+(``bincount``) and sums the counts with one matrix product: the same resampling scheme, about 3x faster
+(``bench/promotion.py``, 5,000 records x 10 labels x 2,000 resamples on 2 loaded cores: 1.8-3.4 s for scipy's gather,
+0.6 s here). The default interval is the percentile one: BCa's jackknife costs records x records work (a decision on
+5,000 test and 5,000 guard records: about 4 s with BCa, 1.2 s with percentiles) and is undefined where every resample
+agrees (a label both models get right everywhere); there the percentile bounds are used. numpy and scipy load inside
+:func:`bootstrap_f1` only.
 """
 
 from __future__ import annotations

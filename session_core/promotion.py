@@ -5,8 +5,8 @@
                                 guard=ScoredSet("guard_data", candidate_guard, current_guard), rule=rule)
     decision.promote, decision.reasons, decision.to_dict(), decision.to_markdown()
 
-The rule (README, "Promotion"), every interval from one seeded paired bootstrap over whole records
-(:mod:`.bootstrap`) at the rule's ``confidence``:
+The rule, every interval from one seeded paired bootstrap over whole records (:mod:`.bootstrap`) per set of
+records, at the rule's ``confidence``:
 
 1. Better beyond noise: on the test records the lower bound of the interval of (candidate F1 - current F1), micro
    F1 over every label, must be above ``margin``.

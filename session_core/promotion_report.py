@@ -20,11 +20,11 @@ def rule_words(rule: PromotionRule) -> str:
     level = f"{100 * rule.confidence:g}%"
     return (
         f"Promote when the lower bound of the {level} interval of (candidate F1 - current F1) on the test records is "
-        f"above {rule.margin:g}; a label with at least {rule.min_support} gold items may not lose more than "
-        f"{rule.max_label_drop:g} F1 with its whole interval below 0; a label the current model finds (with at least "
-        f"{rule.min_vanish_support} gold items) may not fall to F1 0; the guard set's F1 may not lose more than "
-        f"{rule.max_guard_drop:g} the same way. Intervals: {rule.resamples} paired bootstrap resamples of whole "
-        f"records ({rule.method}, seed {rule.seed})."
+        f"above {rule.margin:g}. Reject when a label with {rule.min_support}+ gold items loses more than "
+        f"{rule.max_label_drop:g} F1 and the whole interval of its difference lies below 0, when a label the current "
+        f"model finds ({rule.min_vanish_support}+ gold items) falls to F1 0, or when the guard set's F1 drops the "
+        f"same way by more than {rule.max_guard_drop:g}. Intervals: {rule.resamples} paired bootstrap resamples of "
+        f"whole records ({rule.method}, seed {rule.seed})."
     )
 
 

@@ -1,7 +1,7 @@
 """The settings of the promotion rule: margin, confidence, bootstrap resamples and seed, per-label and guard tolerances.
 
 Frozen and validated: a wrong value fails when the rule is built, with the field, what it got and what it takes.
-What each setting does is told in :mod:`.promotion` (the rule) and in the README's "Promotion" section.
+How the settings combine into the rule is told in :mod:`.promotion`'s docstring.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class PromotionRule:
     margin: the lower bound of the interval of (candidate F1 - current F1) must be above this (F1 units, -1 < m < 1;
         0 asks for a candidate better beyond noise, a negative margin for one not worse by more than -margin).
     confidence: the two-sided confidence level of every interval (0 < c < 1).
-    resamples: paired bootstrap resamples (100 .. 1,000,000); 2,000 takes about a second on 5,000 records.
+    resamples: paired bootstrap resamples (100 .. 1,000,000); 2,000 take under a second on 5,000 records.
     seed: the bootstrap's seed (>= 0): the same counts, rule and seed give the same decision.
     method: scipy.stats.bootstrap's interval method, one of "percentile", "basic", "BCa".
     min_support: labels with fewer gold items on a set are shown, not judged for a drop (>= 1).

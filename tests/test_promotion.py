@@ -277,3 +277,17 @@ def test_the_decision_modules_import_no_numpy_or_scipy():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_label_drop_rejects_when_beyond_the_tolerance_and_beyond_noise():
+    gold = gold_outputs(rare=12)
+    current_wrong = some(PERSON, 10 / N, 22)
+    lost = [i for i in PERSON if i not in current_wrong][:18]
+    current = counts(gold, {"person": current_wrong})
+    candidate = counts(gold, {"person": current_wrong + lost, "award": [0]})  # and 1 of 12 awards missed
+    labels = {label.label: label for label in decide_promotion(ScoredSet("t", candidate, current)).test.labels}
+    person, award = labels["person"], labels["award"]
+    # person: a drop of 0.06 whose interval lies below 0, though not wholly below -0.05: a clear drop, rejected
+    assert person.difference.estimate < -0.05 < person.difference.high < 0 and person.verdict == "regressed"
+    # award: a drop of 0.083 on 12 gold items whose interval reaches 0 (one record): may be noise, not rejected
+    assert award.difference.estimate < -0.05 and award.difference.high == 0 and award.verdict == "ok"
