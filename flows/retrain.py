@@ -32,11 +32,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.states import Completed, State
 from pydantic import Field
 
-from prefect_gliner2.flows.events import MODEL_PROMOTED, MODEL_REJECTED, emit_model_event
+from prefect_gliner2.flows.events import emit_model_event
 from prefect_gliner2.flows.params import TrainingSettings
-from prefect_gliner2.flows.reporting import artifact_key
+from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.flows.train import default_storage, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
+from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
 from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, EVAL_KEYS, greater_is_better_for
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.tasks.heldout import evaluate_models

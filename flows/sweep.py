@@ -15,7 +15,7 @@ Each point is a ``run_deployment`` of the training deployment (``gliner2-train/t
 same ``sweep_key`` with another model, data path, storage or setting trains anew instead of adopting the earlier
 results; two points resolving to the same config are refused), and the idempotency key ``<sweep_key>/<run key>``:
 a resumed or retried sweep gets the flow runs it already created back from the server instead of starting
-duplicates, waits for those still running, and retries (``prefect flow-run retry`` semantics: same flow run, same
+duplicates, waits for those still running, and retries (as the Prefect UI's Retry button does: same flow run, same
 run key, exact resume) those that crashed or failed; a point that crashes while the sweep waits is retried too
 (``point_retries`` times). At most ``max_parallel`` points run at once; with N training worker slots and
 ``max_parallel >= N`` N runs train at once (the sweep's own deployment runs on the ``sweeps`` work queue, so the
@@ -40,13 +40,14 @@ from prefect import flow, get_run_logger
 from pydantic import Field, ValidationError
 
 from prefect_gliner2.flows.params import TrainingSettings
-from prefect_gliner2.flows.reporting import artifact_key
+from prefect_gliner2.flows.prefect_ui import run_logger
+from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.flows.train import default_storage
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, SweepIncompleteError
 
-__all__ = ["SweepIncompleteError", "leaderboard_rows", "sweep_flow", "sweep_outcome", "sweep_points"]
+__all__ = ["SweepIncompleteError", "leaderboard_rows", "retry_point", "sweep_flow", "sweep_outcome", "sweep_points"]
 
 TRAIN_DEPLOYMENT = "gliner2-train/train"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
@@ -180,7 +181,7 @@ def _launch(point: dict[str, Any], base: Mapping[str, Any], sweep_key: str, depl
     state = _state(run)
     if state in ("CRASHED", "FAILED"):
         logger.info("retrying the %s point %s (flow run %s): it resumes exactly", state, point["run_key"], run.id)
-        _retry(run.id)
+        retry_point(run.id)
         run = _refresh(run)
     else:
         logger.info("point %s: flow run %s (%s)", point["run_key"], run.id, state or "new")
@@ -201,17 +202,26 @@ def _retry_crashed(runs: Mapping[str, Any], retried: dict[str, int], limit: int)
             retried[run_key],
             limit,
         )
-        _retry(run.id)
+        retry_point(run.id)
         again[run_key] = _refresh(run)
     return again
 
 
-def _retry(flow_run_id: UUID) -> None:
+def retry_point(flow_run_id: UUID) -> bool:
+    """Retry a crashed or failed point's flow run in place, as the Prefect UI's Retry button does: propose an
+    AwaitingRetry state, orchestrated (the server refuses a run without a deployment and clears the run's pause and
+    resume marks); a worker then runs the same flow run again. True when the server accepted it."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.responses import SetStateStatus
     from prefect.states import AwaitingRetry
 
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(flow_run_id, AwaitingRetry(), force=True)
+        result: Any = client.set_flow_run_state(flow_run_id, AwaitingRetry(message="retried by its sweep"))
+    if result.status != SetStateStatus.ACCEPT:
+        reason = getattr(result.details, "reason", None)
+        run_logger().warning("Prefect refused to retry flow run %s (%s): %s", flow_run_id, result.status, reason)
+        return False
+    return True
 
 
 def _refresh(run: Any) -> Any:

@@ -29,13 +29,7 @@ from prefect.states import Completed
 from pydantic import Field
 
 from prefect_gliner2.flows.driver import DriveResult, drive
-from prefect_gliner2.flows.events import (
-    RUN_COMPLETED,
-    absolute_uri,
-    emit_failed,
-    emit_run_event,
-    emit_start,
-)
+from prefect_gliner2.flows.events import emit_failed, emit_run_event, emit_start
 from prefect_gliner2.flows.params import TrainingSettings, check_runnable
 from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import faults, live_runs
@@ -46,6 +40,7 @@ from prefect_gliner2.runtime.errors import (
     permanent_storage_errno,
     storage_full_error,
 )
+from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.model_sources import model_architecture
@@ -59,7 +54,7 @@ from prefect_gliner2.session_core.errors import (
     ConfigError,
 )
 from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
-from prefect_gliner2.session_core.storage import resolve
+from prefect_gliner2.session_core.storage import absolute_uri, resolve
 from prefect_gliner2.tasks.export import export_model
 
 __all__ = [

@@ -106,6 +106,7 @@ class ScoreReport:
 
     labels: dict[LabelKey, Counts] = field(default_factory=dict)
     records: int = 0
+    per_record: list[dict[LabelKey, Counts]] | None = None  # each record's own counts (score_records' per_record)
 
     def add(self, key: LabelKey, counts: Counts) -> None:
         self.labels[key] = self.labels.get(key, Counts()) + counts
@@ -273,19 +274,27 @@ def score_records(
     gold_outputs: Sequence[Mapping[str, Any]],
     predictions: Sequence[Mapping[str, Any]],
     dataset: DatasetSchema | None = None,
+    *,
+    per_record: bool = False,
 ) -> ScoreReport:
-    """Score predicted payloads against gold outputs, record by record (same order, same length)."""
+    """Score predicted payloads against gold outputs, record by record (same order, same length). With
+    ``per_record`` the report also keeps each record's counts per (kind, label) (``ScoreReport.per_record``, the
+    input of a paired comparison: :class:`~prefect_gliner2.session_core.record_counts.RecordCounts`)."""
     if len(gold_outputs) != len(predictions):
         raise RecordError(
             f"{len(predictions)} predictions for {len(gold_outputs)} gold records; pass one prediction per record"
         )
     schema = dataset if dataset is not None else DatasetSchema.of(gold_outputs)
-    report = ScoreReport(records=len(gold_outputs))
+    report = ScoreReport(records=len(gold_outputs), per_record=[] if per_record else None)
     for row, (gold, predicted) in enumerate(zip(gold_outputs, predictions, strict=True)):
         if not isinstance(predicted, Mapping):
             raise RecordError(f"prediction {row} must be an object (gliner2's payload), got {type(predicted).__name__}")
+        own: dict[LabelKey, Counts] = {}
         for key, counts in _score_one(gold, predicted, schema):
             report.add(key, counts)
+            own[key] = own.get(key, Counts()) + counts
+        if report.per_record is not None:
+            report.per_record.append(own)
     return report
 
 

@@ -5,7 +5,7 @@ then a rename); only after it reports success does this task replace ``cursor.js
 any moment leaves either the previous cursor (the new checkpoint, if complete, is simply reused when the schedule
 reaches it again) or the new one. Then retention prunes older checkpoints (``keep_checkpoints``; see
 runtime/resources.py): only checkpoints before the committed cursor, never the one it names. Each committed
-checkpoint emits a ``prefect-gliner2.checkpoint.committed`` event on resource ``prefect-gliner2.run.<run_key>``.
+checkpoint emits a ``prefect-gliner2.checkpoint.committed`` event (runtime/events.py).
 
 Background checkpoints (``background=True``): the checkpoint task returns once the worker has snapshotted the
 state (pending, nothing committed); the ``commit checkpoint`` task later waits until the write is durable and then
@@ -22,19 +22,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from prefect_gliner2.runtime import faults, live_runs
+from prefect_gliner2.runtime.events import checkpoint_event
 from prefect_gliner2.runtime.protocol import Checkpoint, CheckpointResult, CommitCheckpoint
 from prefect_gliner2.runtime.resources import prune_blobs, prune_checkpoints
 from prefect_gliner2.runtime.rundir import DurableCursor
 from prefect_gliner2.session_core.layout import checkpoint_name
 from prefect_gliner2.tasks.training import RETRYING, call_worker
 
-__all__ = ["CHECKPOINT_EVENT", "checkpoint", "commit_checkpoint", "commit_written", "run_resource"]
-
-CHECKPOINT_EVENT = "prefect-gliner2.checkpoint.committed"
-
-
-def run_resource(run_key: str) -> dict[str, str]:
-    return {"prefect.resource.id": f"prefect-gliner2.run.{run_key}", "prefect.resource.name": run_key}
+__all__ = ["checkpoint", "commit_checkpoint", "commit_written"]
 
 
 @task(
@@ -101,30 +96,5 @@ def commit_written(run_key: str, name: str, info: CheckpointResult) -> Checkpoin
         blobs = prune_blobs(run.run_dir)
         if blobs:
             logger.info("retention: removed best-weight blobs no checkpoint refers to: %s", ", ".join(blobs))
-    recorded = dataclasses.asdict(info)
-    emit_event(
-        event=CHECKPOINT_EVENT,
-        resource=run_resource(run_key),
-        payload={
-            "run_key": run_key,
-            "flow_run_id": run.flow_run_id,
-            "run_dir": run.run_dir.uri,
-            **{
-                k: recorded[k]
-                for k in (
-                    "name",
-                    "uri",
-                    "cursor",
-                    "step",
-                    "epoch",
-                    "finished",
-                    "best_metric",
-                    "best_step",
-                    "existing",
-                    "cursor_moved",
-                    "pruned",
-                )
-            },
-        },
-    )
+    emit_event(**checkpoint_event(run, info))
     return info

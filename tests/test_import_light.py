@@ -1,4 +1,5 @@
-"""Planning, storage and checkpoint files import no torch, numpy, transformers, gliner2 or prefect."""
+"""Planning, storage and checkpoint files, event names and report text import no torch, numpy, transformers,
+gliner2 or prefect."""
 
 from __future__ import annotations
 
@@ -64,12 +65,23 @@ def test_each_planning_module_alone_is_light() -> None:
         "prefect_gliner2.session_core.manifest",
     )
     for module in modules:
-        script = (
-            f"import sys; sys.path.insert(0, {ROOT!r}); import {module}; "
-            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
-        )
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-        assert done.stdout.strip() == "[]", (module, done.stdout)
+        assert _heavy_after_import(module) == "[]", module
+
+
+def _heavy_after_import(module: str) -> str:
+    """The heavy modules a fresh interpreter has loaded after importing `module` alone."""
+    script = (
+        f"import sys; sys.path.insert(0, {ROOT!r}); import {module}; "
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_event_names_and_report_text_import_no_heavy_modules() -> None:
+    """What an automation matches on (event names, resources, payloads) and what the reports say need no Prefect."""
+    for module in ("prefect_gliner2.runtime.events", "prefect_gliner2.flows.report_text"):
+        assert _heavy_after_import(module) == "[]", module
 
 
 PACKAGE_FOLDERS = ("session_core", "runtime", "tasks", "flows", "model_registry", "deployments")

@@ -3,7 +3,7 @@ epochs are 1-based."""
 
 from __future__ import annotations
 
-from prefect_gliner2.flows.reporting import validation_rows
+from prefect_gliner2.flows.report_text import validation_rows
 
 
 def _entry(per_label: list[dict[str, object]] | None) -> dict[str, object]:

@@ -14,8 +14,8 @@ from uuid import UUID
 
 import pytest
 
-from prefect_gliner2.flows.events import CHECKPOINT_EVENT
-from prefect_gliner2.flows.reporting import NAME_LABEL, RESUMED_BY_LABEL, RESUMES_LABEL, artifact_key
+from prefect_gliner2.flows.report_text import NAME_LABEL, RESUMED_BY_LABEL, RESUMES_LABEL, artifact_key
+from prefect_gliner2.runtime.events import CHECKPOINT_COMMITTED
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
 from support.flow import flow_child, make_space, run_flow, space_params, wait_for_marker
@@ -130,7 +130,7 @@ def test_crash_and_resume_continue_one_set_of_artifacts_and_tell_in_events(
     # killed at batch 8, after the checkpoint at batch 7
     # ... its state message following the cursor while it runs (set at the checkpoint)
     markers = space["root"] / "markers"
-    _crash_at(params, "batch:8", markers, prefect_server, delivered=(CHECKPOINT_EVENT, 8), message="batch 8/12")
+    _crash_at(params, "batch:8", markers, prefect_server, delivered=(CHECKPOINT_COMMITTED, 8), message="batch 8/12")
     crashed = json.loads((space["root"] / "runs" / "ui-crash" / ".lease").read_text())["flow_run_id"]
     [progress] = _artifacts(artifact_key("ui-crash", "progress"))
     assert 0 < progress.data < 100

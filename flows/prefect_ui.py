@@ -1,0 +1,179 @@
+"""Every Prefect API write of run reporting: the background lane that makes them, the per-run-key artifacts
+updated in place, and the running flow run's position message.
+
+A lane is one background thread with its own API client (the flow's closes when the flow ends, and a lane may still
+be finishing its last jobs then) that names the flow run explicitly; it starts from an empty context plus a copy of
+the flow's Prefect settings (which API to talk to), so no Prefect context variable is reset or overwritten. All
+calls here are public client methods; the one server rule they rely on beyond their documented effect (the
+``resuming`` mark, see ``set_running_message``) is guarded by tests/test_prefect_rules.py and by the ``prefect``
+range in pyproject.toml (README: "Prefect internals we touch").
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from prefect_gliner2.flows.report_text import artifact_key, finite_or_none
+
+__all__ = [
+    "ArtifactSlots",
+    "Job",
+    "Lane",
+    "flow_run_name",
+    "propose_running_message",
+    "run_logger",
+    "set_running_message",
+]
+
+logger = logging.getLogger(__name__)
+Job = Callable[[Any], Any]  # called with the lane's SyncPrefectClient
+ARTIFACT_TYPES = {"progress": "progress", "validation": "table"}  # anything else is markdown
+
+
+class Lane:
+    """One background thread running jobs in order with its own API client, under the creating thread's Prefect
+    settings (and no other context)."""
+
+    def __init__(self, name: str, run_key: str) -> None:
+        from prefect.context import get_settings_context
+
+        self.run_key = run_key
+        self.abandoned = False
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.settings = get_settings_context().model_copy()  # entered in the thread's own, empty context
+        self.thread: threading.Thread | None = threading.Thread(
+            target=contextvars.Context().run, args=(self._serve,), name=name, daemon=True
+        )
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self.thread is not None:
+            self.jobs.put(job)
+
+    def close(self, timeout: float) -> bool:
+        """Finish queued jobs (waiting at most `timeout` s); True when they all ran."""
+        if self.thread is None:
+            return True
+        self.jobs.put(None)
+        self.thread.join(timeout)
+        done = not self.thread.is_alive()
+        self.thread = None
+        self.abandoned = not done  # its remaining jobs may outlive the flow run (and its API server)
+        return done
+
+    def _serve(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        with self.settings, get_client(sync_client=True) as client:
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                try:
+                    job(client)
+                except Exception as exc:  # noqa: BLE001 - reporting must never fail a training run
+                    # after the run ended (an abandoned best-effort lane), the server may be gone: not worth a warning
+                    log = logger.debug if self.abandoned else logger.warning
+                    log("could not update the Prefect UI for run %s: %s", self.run_key, exc)
+
+
+class ArtifactSlots:
+    """A run key's artifacts (``progress``, ``validation``, ``summary``), each updated in place: a resumed run
+    continues the ones its crashed run created. Used from one lane only."""
+
+    def __init__(self, run_key: str, flow_run_id: str) -> None:
+        self.run_key, self.flow_run_id = run_key, flow_run_id
+        self.ids: dict[str, Any] = {}
+
+    def upsert(self, client: Any, what: str, data: Any, description: str) -> None:
+        """Update this run key's artifact `what` in place; create it (for this flow run, named explicitly: the
+        lane has no run context) when the run key has none yet."""
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+
+        key = artifact_key(self.run_key, what)
+        if what not in self.ids:
+            self.ids[what] = _latest_artifact_id(client, key)
+        artifact_id = self.ids[what]
+        stored = json.dumps(finite_or_none(data)) if what == "validation" else data
+        if artifact_id is not None:
+            client.update_artifact(artifact_id, ArtifactUpdate(data=stored, description=description))
+            return
+        request = ArtifactCreate(
+            type=ARTIFACT_TYPES.get(what, "markdown"),
+            key=key,
+            description=description,
+            data=stored,
+            flow_run_id=UUID(self.flow_run_id),
+        )
+        self.ids[what] = client.create_artifact(artifact=request).id
+
+
+def _latest_artifact_id(client: Any, key: str) -> Any:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    found = client.read_artifacts(
+        artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+    )
+    return found[0].id if found else None
+
+
+def set_running_message(client: Any, flow_run_id: UUID, message: str) -> bool:
+    """Show `message` as the running flow run's state message, without counting a new attempt; True when shown.
+
+    A state message can only change with a new state, and every Running state the server accepts increments the
+    run's ``run_count`` (which would use up the flow's retries) unless the run's policy is marked ``resuming``
+    (Prefect's mechanism for continuing a paused run: the server then clears the mark in the same transition).
+    So: only while the run is Running, mark it resuming and propose Running with the message. The read-then-propose
+    window is milliseconds; a cancellation landing in it is refused the Running state (see
+    ``propose_running_message``)."""
+    from prefect.client.schemas.objects import StateType
+
+    flow_run = client.read_flow_run(flow_run_id)
+    state = flow_run.state
+    if state is None or state.type != StateType.RUNNING or state.message == message:
+        return False
+    return propose_running_message(client, flow_run_id, flow_run.empirical_policy, message)
+
+
+def propose_running_message(client: Any, flow_run_id: UUID, policy: Any, message: str) -> bool:
+    """Mark the run resuming (its `policy` otherwise as read) and propose Running with `message`; when the server
+    refuses (a Cancelling run may only become Cancelled) or the call fails, take the mark back. True when accepted."""
+    from prefect.client.schemas.responses import SetStateStatus
+    from prefect.states import Running
+
+    client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"resuming": True}))
+    accepted = False
+    try:
+        accepted = client.set_flow_run_state(flow_run_id, Running(message=message)).status == SetStateStatus.ACCEPT
+    finally:
+        if not accepted:  # an accepted Running state cleared the mark on the server
+            client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"resuming": False}))
+    return accepted
+
+
+def flow_run_name() -> tuple[str | None, dict[str, Any]]:
+    """The current flow run's name and labels (None and {} outside a flow run)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context is not None else None
+    return (flow_run.name, dict(flow_run.labels or {})) if flow_run is not None else (None, {})
+
+
+def run_logger() -> Any:
+    """The flow run's logger inside a run, this module's outside one."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger
