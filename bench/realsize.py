@@ -56,7 +56,7 @@ import torch  # noqa: E402
 from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
-from prefect_gliner2.session_core import checkpoint as checkpoint_mod  # noqa: E402
+from prefect_gliner2.session_core.checkpoint import digest as checkpoint_digest  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
 from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
@@ -299,16 +299,16 @@ def hash_speed(size: int = 512 << 20) -> dict[str, float]:
         return size / (time.perf_counter() - started) / 1e9
 
     def chunked() -> None:
-        stream = checkpoint_mod._HashStream(checkpoint_mod.HASH_CHUNK_BYTES)
-        for start in range(0, size, checkpoint_mod.CHUNK_BYTES):
-            stream.add(view[start : start + checkpoint_mod.CHUNK_BYTES])
+        stream = checkpoint_digest.HashStream(checkpoint_digest.HASH_CHUNK_BYTES)
+        for start in range(0, size, checkpoint_digest.CHUNK_BYTES):
+            stream.add(view[start : start + checkpoint_digest.CHUNK_BYTES])
         stream.hexdigest()
 
     return {
         "sha256_gbps": rate(lambda: hashlib.sha256(view).digest()),
         "chunked_sha256_gbps": rate(chunked),
         "memcpy_gbps": rate(lambda: memoryview(copy).__setitem__(slice(None), view)),
-        "hash_threads": checkpoint_mod.HASH_THREADS,
+        "hash_threads": checkpoint_digest.HASH_THREADS,
     }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import fsspec
 
 from prefect_gliner2.session_core import storage
-from prefect_gliner2.session_core.errors import SessionCoreError
+from prefect_gliner2.session_core.errors import RegistryError
 from prefect_gliner2.session_core.layout import (
     MODEL_CONFIG_FILE,
     REGISTRY_LINEAGE_FILE,
@@ -36,10 +36,6 @@ __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
 
 _VERSION = re.compile(r"^v(\d{6})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class RegistryError(SessionCoreError, ValueError):
-    """A registry name, version or pointer is invalid or missing."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ Packages (arrows point down only):
     prefect_gliner2.model_registry versioned model directories and the CURRENT pointer
     prefect_gliner2.runtime        Prefect-free machinery: session worker, run directory, lease, schedule
     prefect_gliner2.session_core   no Prefect: planning (torch-free) and the session over gliner2's trainer
+
+Errors: one tree, drawn in ``prefect_gliner2.session_core.errors`` (PrefectGliner2Error; SessionCoreError for the
+deterministic ones, never retried; TransientError for those a retry may cure); the common ones are exported here.
 """
 
 from __future__ import annotations
@@ -29,11 +32,22 @@ _EXPORTS = {
     "TrainingSession": "prefect_gliner2.session_core",
     "ManagedTraining": "prefect_gliner2.session_core",
     "load_exported_model": "prefect_gliner2.session_core",
-    "SessionCoreError": "prefect_gliner2.session_core",
-    "ConfigError": "prefect_gliner2.session_core",
-    "RecordError": "prefect_gliner2.session_core",
-    "CheckpointError": "prefect_gliner2.session_core",
-    "PlanMismatchError": "prefect_gliner2.session_core",
+    # errors (one tree: prefect_gliner2.session_core.errors)
+    "PrefectGliner2Error": "prefect_gliner2.session_core.errors",
+    "SessionCoreError": "prefect_gliner2.session_core.errors",
+    "TransientError": "prefect_gliner2.session_core.errors",
+    "ConfigError": "prefect_gliner2.session_core.errors",
+    "RecordError": "prefect_gliner2.session_core.errors",
+    "CheckpointError": "prefect_gliner2.session_core.errors",
+    "PlanMismatchError": "prefect_gliner2.session_core.errors",
+    "RegistryError": "prefect_gliner2.session_core.errors",
+    "RunConflictError": "prefect_gliner2.session_core.errors",
+    "RunKeyError": "prefect_gliner2.session_core.errors",
+    "RunLockedError": "prefect_gliner2.session_core.errors",
+    "StorageFullError": "prefect_gliner2.session_core.errors",
+    "SweepIncompleteError": "prefect_gliner2.session_core.errors",
+    "WorkerDied": "prefect_gliner2.session_core.errors",
+    "WorkerError": "prefect_gliner2.session_core.errors",
     # flows
     "train_flow": "prefect_gliner2.flows.train",
     "retrain_flow": "prefect_gliner2.flows.retrain",
@@ -42,12 +56,6 @@ _EXPORTS = {
     # the model registry
     "ModelRegistry": "prefect_gliner2.model_registry",
     "ModelVersion": "prefect_gliner2.model_registry",
-    # errors of the Prefect layer
-    "RunConflictError": "prefect_gliner2.runtime.errors",
-    "RunKeyError": "prefect_gliner2.runtime.errors",
-    "RunLockedError": "prefect_gliner2.runtime.errors",
-    "StorageFullError": "prefect_gliner2.runtime.errors",
-    "WorkerDied": "prefect_gliner2.runtime.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,6 @@
 """One checkpoint write running in its own thread while the worker trains on (background checkpoints).
 
-The worker (runtime/worker_child.py) starts at most one at a time and settles it (``wait()``) before the next
+The worker (runtime/session_runner.py) starts at most one at a time and settles it (``wait()``) before the next
 checkpoint, the export, "close", or a "commit checkpoint" for it; a failure is kept and raised by ``wait()`` in the
 worker's main thread, never lost.
 """

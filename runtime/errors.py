@@ -1,15 +1,8 @@
-"""Errors of the Prefect layer, and the one rule that decides whether a failure is worth retrying.
+"""The retry rule: whether a failure is worth retrying, and the error a full or read-only storage becomes.
 
-    RuntimeError
-    ├── WorkerDied                 the session worker process vanished (kill, OOM, segfault): transient
-    ├── WorkerError                an unexpected (non-session_core) exception inside the worker: transient
-    └── LeaseUnreadableError       the lease record could not be read: never taken as "free"; transient
-    prefect_gliner2.session_core.SessionCoreError  deterministic, never retried; the Prefect layer adds:
-    ├── StorageFullError (OSError)             a write failed with ENOSPC, EFBIG, EDQUOT or EROFS
-    │                                          (here or in the worker)
-    ├── RunKeyError (ConfigError)              a run key that is not a safe directory name
-    ├── RunConflictError (PlanMismatchError)   a different manifest / settings under an existing run key
-    └── RunLockedError (SessionCoreError, RuntimeError)  another live run holds the run key's lease
+The exception classes live in ``prefect_gliner2.session_core.errors`` (one tree, drawn there); the ones the Prefect
+layer raises (WorkerDied, WorkerError, LeaseUnreadableError, RunKeyError, RunConflictError, RunLockedError,
+StorageFullError) are re-exported here, beside the rule that classifies them.
 
 A retry helps only when the failure is transient: ``is_transient`` is False for every SessionCoreError (bad data,
 non-finite loss, config/plan/checkpoint mismatch, a locked run key) and for a write that failed because the storage
@@ -22,7 +15,16 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from prefect_gliner2.session_core.errors import ConfigError, PlanMismatchError, SessionCoreError
+from prefect_gliner2.session_core.errors import (
+    LeaseUnreadableError,
+    RunConflictError,
+    RunKeyError,
+    RunLockedError,
+    SessionCoreError,
+    StorageFullError,
+    WorkerDied,
+    WorkerError,
+)
 
 __all__ = [
     "LeaseUnreadableError",
@@ -36,52 +38,6 @@ __all__ = [
     "permanent_storage_errno",
     "retry_if_transient",
 ]
-
-
-class WorkerDied(RuntimeError):
-    """The session worker process died; a retry starts a fresh one from the newest committed checkpoint."""
-
-
-class WorkerError(RuntimeError):
-    """An unexpected exception inside the worker (not a session_core error); the worker was discarded."""
-
-    def __init__(self, message: str, remote_traceback: str = "", remote_type: str = "") -> None:
-        super().__init__(message)
-        self.remote_traceback = remote_traceback
-        self.remote_type = remote_type  # the exception's type in the worker, e.g. "RuntimeError"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.remote_traceback, self.remote_type))
-
-
-class LeaseUnreadableError(RuntimeError):
-    """The run key's lease record could not be read or listed: the key is not treated as free."""
-
-
-class RunKeyError(ConfigError):
-    """A run key that cannot name a run directory safely."""
-
-
-class RunConflictError(PlanMismatchError):
-    """The run key already holds a run with a different manifest or different run settings."""
-
-
-class RunLockedError(SessionCoreError, RuntimeError):
-    """Another live flow run holds the lease on this run key."""
-
-
-class StorageFullError(SessionCoreError, OSError):
-    """A write failed because the storage is full, past a file-size or quota limit, or read-only: not retried."""
-
-    def __init__(self, code: int, message: str) -> None:
-        OSError.__init__(self, code, message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.errno, self.message))
 
 
 #: errnos of a write that cannot succeed until someone frees space, raises a limit or remounts the storage.

@@ -25,7 +25,7 @@ def evaluate_models_here(
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.runtime.worker_child import init_weights_dir
+    from prefect_gliner2.runtime.worker_setup import init_weights_dir
     from prefect_gliner2.session_core import TrainingConfig, TrainingSession
     from prefect_gliner2.session_core.evaluation import evaluate_session
     from prefect_gliner2.session_core.pairs import to_pairs

@@ -25,9 +25,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from prefect_gliner2.runtime.errors import StorageFullError, WorkerError, permanent_storage_errno, storage_full_error
+from prefect_gliner2.runtime.errors import permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.faults import FaultPlan
-from prefect_gliner2.session_core.errors import SessionCoreError
+from prefect_gliner2.session_core.errors import SessionCoreError, StorageFullError, WorkerError
 
 __all__ = [
     "Advance",
@@ -55,8 +55,8 @@ __all__ = [
     "encode_error",
 ]
 
-#: Modules whose SessionCoreError subclasses are rebuilt in the client (both torch-free).
-REMOTE_ERROR_MODULES = ("prefect_gliner2.session_core.errors", "prefect_gliner2.runtime.errors")
+#: The module whose SessionCoreError subclasses are rebuilt in the client (torch-free: every product error is there).
+REMOTE_ERROR_MODULES = ("prefect_gliner2.session_core.errors",)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from prefect_gliner2.runtime.errors import WorkerDied
 from prefect_gliner2.runtime.protocol import (
     Call,
     Close,
@@ -52,6 +51,7 @@ from prefect_gliner2.runtime.protocol import (
     decode_error,
 )
 from prefect_gliner2.session_core import layout
+from prefect_gliner2.session_core.errors import WorkerDied
 
 R = TypeVar("R")
 

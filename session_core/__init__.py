@@ -5,9 +5,16 @@ session, managed driver and weights helpers import torch and gliner2, and load o
 ``InputExample`` is gliner2's own record class (``gliner2.training.InputExample``), re-exported lazily: using it
 imports gliner2 and so torch; torch-free planning takes native dicts ``{"input": text, "output": {...}}`` or JSONL.
 
-Exceptions (all in prefect_gliner2.session_core.errors): SessionCoreError and its subclasses ConfigError, RecordError,
-ManifestError, PlanMismatchError, PrecisionError, CheckpointError (and its CheckpointDamagedError), StateMismatchError,
-WeightsError, AdapterMismatchError, SessionStateError, TrainingNumericsError.
+Modules: planning (``config`` + ``config_checks``, ``records`` + ``record_checks`` + ``canonical``, ``plan`` +
+``plan_order`` + ``plan_types``, ``manifest``, ``storage``, ``layout``, ``checkpoint/``), the session (``session`` +
+``session_checkpoint``, ``managed``, ``weights``, ``state``), the engine adapter over gliner2 (``engine/``, the only
+code that touches gliner2 internals), scoring, and the offline tiny models (``tiny/``).
+
+Exceptions: every exception the product raises is in ``prefect_gliner2.session_core.errors``, whose docstring draws
+the tree: PrefectGliner2Error, with the deterministic SessionCoreError branch (ConfigError, RecordError, ManifestError,
+PlanMismatchError, PrecisionError, CheckpointError and its CheckpointDamagedError, StateMismatchError, WeightsError
+and its AdapterMismatchError, SessionStateError, TrainingNumericsError, and the run-level errors) and the
+TransientError branch (a retry may help). The session's own are re-exported here.
 """
 
 from __future__ import annotations
@@ -27,14 +34,17 @@ from prefect_gliner2.session_core.errors import (
     ManifestError,
     PlanMismatchError,
     PrecisionError,
+    PrefectGliner2Error,
     RecordError,
     SessionCoreError,
     SessionStateError,
     StateMismatchError,
     TrainingNumericsError,
+    TransientError,
     WeightsError,
 )
-from prefect_gliner2.session_core.plan import ManagedTrainingPlan, PlanBatch
+from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+from prefect_gliner2.session_core.plan_types import PlanBatch
 
 _LAZY = {
     "InputExample": ("gliner2.training", "InputExample"),
@@ -55,6 +65,7 @@ __all__ = [
     "PlanBatch",
     "PlanMismatchError",
     "PrecisionError",
+    "PrefectGliner2Error",
     "RecordError",
     "SessionCoreError",
     "SessionStateError",
@@ -62,6 +73,7 @@ __all__ = [
     "TrainingConfig",
     "TrainingNumericsError",
     "TrainingSession",
+    "TransientError",
     "WeightsError",
     "load_exported_model",
 ]

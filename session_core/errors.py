@@ -1,23 +1,39 @@
-"""One exception hierarchy for the whole product; every class is also a stdlib error.
+"""Every exception the product raises on purpose, in one tree; each class is also a stdlib error and pickles.
 
-    SessionCoreError                      base of everything we raise on purpose
-    ├── ConfigError (ValueError)          a TrainingConfig field is invalid or unsupported
-    ├── RecordError (ValueError)          training/validation records are invalid (row index + reason)
-    ├── ManifestError (ValueError)        a manifest is malformed, edited or of an unknown schema
-    ├── PlanMismatchError (ValueError)    a checkpoint or run key belongs to a different plan
-    ├── PrecisionError (RuntimeError)     a precision the hardware or the session cannot honour
-    ├── CheckpointError (RuntimeError)    a checkpoint is missing, truncated, edited or incomplete
-    │   └── CheckpointDamagedError        its files differ from its index (hash, size, missing): use an earlier one
-    ├── StateMismatchError (ValueError)   load_state on a session whose config/model/device differs
-    ├── WeightsError (ValueError)         load_weights/export_weights input is wrong for this model
-    ├── AdapterMismatchError (WeightsError) a preloaded/loaded LoRA adapter differs from the config
-    ├── SessionStateError (RuntimeError)  an operation in the wrong order (closed, past max_steps, not fresh)
-    └── TrainingNumericsError (FloatingPointError) non-finite loss/gradients, or a loss without grad
+    PrefectGliner2Error                        base of everything we raise on purpose
+    ├── SessionCoreError                       deterministic: retrying will not help, so it is never retried
+    │   ├── ConfigError (ValueError)           a TrainingConfig field is invalid or unsupported
+    │   │   └── RunKeyError                    a run key that is not a safe directory name
+    │   ├── RecordError (ValueError)           training/validation records are invalid (row index + reason)
+    │   ├── ManifestError (ValueError)         a manifest is malformed, edited or of an unknown schema
+    │   ├── PlanMismatchError (ValueError)     a checkpoint or run key belongs to a different plan
+    │   │   └── RunConflictError               a different manifest / settings under an existing run key
+    │   ├── PrecisionError (RuntimeError)      a precision the hardware or the session cannot honour
+    │   ├── CheckpointError (RuntimeError)     a checkpoint is missing, truncated, edited or incomplete
+    │   │   └── CheckpointDamagedError         its files differ from its index (hash, size, missing): use an earlier one
+    │   ├── StateMismatchError (ValueError)    load_state on a session whose config/model/device differs
+    │   ├── WeightsError (ValueError)          load_weights/export_weights input is wrong for this model
+    │   │   └── AdapterMismatchError           a preloaded/loaded LoRA adapter differs from the config
+    │   ├── SessionStateError (RuntimeError)   an operation in the wrong order (closed, past max_steps, not fresh)
+    │   ├── TrainingNumericsError (FloatingPointError)  non-finite loss/gradients, or a loss without grad
+    │   ├── RegistryError (ValueError)         a model registry name, version or pointer is invalid or missing
+    │   ├── RunLockedError (RuntimeError)      another live run holds the run key's lease
+    │   └── StorageFullError (OSError)         a write failed with ENOSPC, EFBIG, EDQUOT or EROFS (any process)
+    └── TransientError (RuntimeError)          a retry may help
+        ├── WorkerDied                         the session worker process vanished (kill, OOM, segfault)
+        ├── WorkerError                        an unexpected (not ours) exception inside the worker; it was discarded
+        ├── LeaseUnreadableError               the lease record could not be read: never taken as "free"
+        └── SweepIncompleteError               some sweep points did not complete: retrying the sweep retries them
 
-Messages say what was wrong and what to do. Deterministic errors (everything above) must not be retried.
+Messages say what was wrong and what to do. ``prefect_gliner2.runtime.errors.is_transient`` is the retry rule: never
+a SessionCoreError (nor a write to a full or read-only storage), otherwise yes. Every class pickles with its fields:
+they cross the session worker's pipe and Prefect's result store. The command line's own ``UsageError``
+(``prefect_gliner2.flows.cli``) never leaves it and is not part of this tree.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "BF16_NEEDS_CUDA",
@@ -26,15 +42,26 @@ __all__ = [
     "CheckpointDamagedError",
     "CheckpointError",
     "ConfigError",
+    "LeaseUnreadableError",
     "ManifestError",
     "PlanMismatchError",
     "PrecisionError",
+    "PrefectGliner2Error",
     "RecordError",
+    "RegistryError",
+    "RunConflictError",
+    "RunKeyError",
+    "RunLockedError",
     "SessionCoreError",
     "SessionStateError",
     "StateMismatchError",
+    "StorageFullError",
+    "SweepIncompleteError",
     "TrainingNumericsError",
+    "TransientError",
     "WeightsError",
+    "WorkerDied",
+    "WorkerError",
 ]
 
 # Refusals checked in two places (the session, and the flow before any task runs): one wording.
@@ -47,8 +74,15 @@ EARLY_STOPPING_NEEDS_VALIDATION = (
 )
 
 
-class SessionCoreError(Exception):
-    """Base class of every error this product raises on purpose (deterministic: retrying will not help)."""
+class PrefectGliner2Error(Exception):
+    """Base class of every error this product raises on purpose (see the tree in the module docstring)."""
+
+
+# ---- deterministic ---------------------------------------------------------------------------------------------
+
+
+class SessionCoreError(PrefectGliner2Error):
+    """Base class of the deterministic errors: retrying will not help, so they are never retried."""
 
 
 class ConfigError(SessionCoreError, ValueError):
@@ -98,3 +132,64 @@ class SessionStateError(SessionCoreError, RuntimeError):
 
 class TrainingNumericsError(SessionCoreError, FloatingPointError):
     """A non-finite loss or gradient, or a loss that does not require grad while parameters are trainable."""
+
+
+class RegistryError(SessionCoreError, ValueError):
+    """A registry name, version or pointer is invalid or missing."""
+
+
+class RunKeyError(ConfigError):
+    """A run key that cannot name a run directory safely."""
+
+
+class RunConflictError(PlanMismatchError):
+    """The run key already holds a run with a different manifest or different run settings."""
+
+
+class RunLockedError(SessionCoreError, RuntimeError):
+    """Another live flow run holds the lease on this run key."""
+
+
+class StorageFullError(SessionCoreError, OSError):
+    """A write failed because the storage is full, past a file-size or quota limit, or read-only: not retried."""
+
+    def __init__(self, code: int, message: str) -> None:
+        OSError.__init__(self, code, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.errno, self.message), dict(self.__dict__))
+
+
+# ---- transient -------------------------------------------------------------------------------------------------
+
+
+class TransientError(PrefectGliner2Error, RuntimeError):
+    """Base class of the errors a retry may cure (a worker that died, a lease that could not be read)."""
+
+
+class WorkerDied(TransientError):
+    """The session worker process died; a retry starts a fresh one from the newest committed checkpoint."""
+
+
+class WorkerError(TransientError):
+    """An unexpected exception inside the worker (not one of ours); the worker was discarded."""
+
+    def __init__(self, message: str, remote_traceback: str = "", remote_type: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+        self.remote_type = remote_type  # the exception's type in the worker, e.g. "RuntimeError"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.remote_traceback, self.remote_type), dict(self.__dict__))
+
+
+class LeaseUnreadableError(TransientError):
+    """The run key's lease record could not be read or listed: the key is not treated as free."""
+
+
+class SweepIncompleteError(TransientError):
+    """Some points of a sweep did not complete (transient: retrying the sweep retries them)."""

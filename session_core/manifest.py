@@ -40,15 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from prefect_gliner2.session_core.canonical import RecordSet, canonical_json, paused_gc, record_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
-from prefect_gliner2.session_core.records import (
-    RecordSet,
-    canonical_json,
-    load_records,
-    paused_gc,
-    record_json,
-)
+from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.session_core.storage import resolve, write_atomic
 
 if TYPE_CHECKING:

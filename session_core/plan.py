@@ -30,6 +30,9 @@ Validation after batch ``i``'s update: ``eval_strategy="epoch"``: every epoch en
 batch); ``"steps"``: every update that makes the step count a multiple of ``eval_steps`` (epoch-end flushes
 included); ``"no"``: never. Like the native trainer, no extra validation is added at the end of a "steps" plan.
 
+Random stream, row orders and length grouping are implemented in ``plan_order``; ``PlanBatch`` and
+``SelectionPolicy`` live in ``plan_types``.
+
 Fingerprint: sha256 of the canonical JSON of ``{"architecture", "config": config.fingerprint_fields(),
 "plan_algorithm_version", "record_count", "records_sha256"}``, where ``records_sha256`` is the sha256 of every
 record's 32-byte content digest concatenated in row order.
@@ -40,15 +43,16 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import sys
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prefect_gliner2.session_core.canonical import RecordSet, canonical_json
 from prefect_gliner2.session_core.config import TrainingConfig
-from prefect_gliner2.session_core.errors import ConfigError, ManifestError
-from prefect_gliner2.session_core.records import RecordSet, canonical_json, load_records
+from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.plan_order import PLAN_ALGORITHM_VERSION, group_by_length, random_keys, shuffled
+from prefect_gliner2.session_core.plan_types import PlanBatch, SelectionPolicy
+from prefect_gliner2.session_core.records import load_records
 
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.manifest import LoadedManifest
@@ -62,108 +66,8 @@ __all__ = [
     "random_keys",
 ]
 
-PLAN_ALGORITHM_VERSION = 1
 ARCHITECTURES = ("span", "boundary")
 _ORDER_CACHE_ROWS = 1 << 25  # cache epoch orders up to ~128 MiB of row indices (at least two epochs)
-
-
-def _shuffled(count: int, seed: int, epoch: int, purpose: str) -> list[int]:
-    """``0..count-1`` sorted by the top 53 bits of their keys (floats compare fastest), ties by position."""
-    keys = [float(key >> 11) for key in random_keys(seed, epoch, purpose, count)]
-    return sorted(range(count), key=keys.__getitem__)
-
-
-def random_keys(seed: int, epoch: int, purpose: str, count: int) -> array:
-    """``count`` uint64 keys of the plan's own deterministic stream (see the module docstring)."""
-    label = f"prefect-gliner2/plan/v{PLAN_ALGORITHM_VERSION}/{purpose}/seed={seed}/epoch={epoch}".encode("ascii")
-    keys = array("Q", hashlib.shake_256(label).digest(8 * count) if count else b"")
-    if sys.byteorder == "big":
-        keys.byteswap()
-    return keys
-
-
-@dataclass(frozen=True)
-class PlanBatch:
-    """One micro-batch of the plan: JSON-serializable, passed to ``TrainingSession.forward_backward``."""
-
-    index: int
-    epoch: int
-    rows: tuple[int, ...]
-    examples: tuple[dict[str, Any], ...]
-    is_update: bool
-    is_epoch_end: bool
-    is_validation: bool
-    window_size: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "epoch": self.epoch,
-            "rows": list(self.rows),
-            "examples": list(self.examples),
-            "is_update": self.is_update,
-            "is_epoch_end": self.is_epoch_end,
-            "is_validation": self.is_validation,
-            "window_size": self.window_size,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PlanBatch:
-        """Rebuild from ``to_dict()`` output; malformed input raises ``ManifestError``."""
-        names = ("index", "epoch", "rows", "examples", "is_update", "is_epoch_end", "is_validation", "window_size")
-        if not isinstance(data, Mapping) or set(data) != set(names):
-            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
-            raise ManifestError(
-                f"a PlanBatch dict needs exactly the keys {list(names)}, got {got}; use PlanBatch.to_dict()"
-            )
-        ints = [data[k] for k in ("index", "epoch", "window_size")] + list(data["rows"])
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
-            raise ManifestError("PlanBatch index, epoch, window_size and rows must be non-negative integers")
-        flags = [data[k] for k in ("is_update", "is_epoch_end", "is_validation")]
-        if not all(isinstance(v, bool) for v in flags) or not all(isinstance(e, Mapping) for e in data["examples"]):
-            raise ManifestError("PlanBatch flags must be booleans and examples must be record objects")
-        if len(data["rows"]) != len(data["examples"]):
-            raise ManifestError(f"PlanBatch has {len(data['rows'])} rows but {len(data['examples'])} examples")
-        return cls(
-            index=data["index"],
-            epoch=data["epoch"],
-            rows=tuple(data["rows"]),
-            examples=tuple(dict(e) for e in data["examples"]),
-            is_update=data["is_update"],
-            is_epoch_end=data["is_epoch_end"],
-            is_validation=data["is_validation"],
-            window_size=data["window_size"],
-        )
-
-
-@dataclass(frozen=True)
-class SelectionPolicy:
-    """How validation results choose the best checkpoint and stop early (the native trainer's semantics)."""
-
-    metric_for_best: str
-    greater_is_better: bool
-    save_best: bool
-    early_stopping: bool
-    early_stopping_patience: int
-    early_stopping_threshold: float
-    eval_strategy: str
-    eval_steps: int
-
-    @classmethod
-    def from_config(cls, config: TrainingConfig) -> SelectionPolicy:
-        return cls(
-            metric_for_best=str(config.metric_for_best),
-            greater_is_better=bool(config.greater_is_better),
-            save_best=config.save_best,
-            early_stopping=config.early_stopping,
-            early_stopping_patience=config.early_stopping_patience,
-            early_stopping_threshold=config.early_stopping_threshold,
-            eval_strategy=config.eval_strategy,
-            eval_steps=config.eval_steps,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class ManagedTrainingPlan:
@@ -377,27 +281,12 @@ class ManagedTrainingPlan:
 
     def _compute_order(self, epoch: int) -> array:
         n = len(self._records)
-        order = _shuffled(n, self._config.seed, epoch, "rows")
+        order = shuffled(n, self._config.seed, epoch, "rows")
         if self._grouped:
-            order = self._group_by_length(order, epoch)
+            cfg = self._config
+            lengths = self._records.lengths
+            order = group_by_length(order, lengths, cfg.batch_size, cfg.length_group_window_batches, cfg.seed, epoch)
         return array("I", order)
-
-    def _group_by_length(self, order: list[int], epoch: int) -> list[int]:
-        size = self._config.batch_size
-        window = size * self._config.length_group_window_batches
-        lengths = self._records.lengths
-        full: list[list[int]] = []
-        partial: list[int] = []
-        for start in range(0, len(order), window):
-            group = order[start : start + window]
-            group.sort(key=lengths.__getitem__)
-            for offset in range(0, len(group), size):
-                chunk = group[offset : offset + size]
-                if len(chunk) == size:
-                    full.append(chunk)
-                else:
-                    partial = chunk
-        return [row for k in _shuffled(len(full), self._config.seed, epoch, "batches") for row in full[k]] + partial
 
     # ------------------------------------------------------------------------------ manifests
 

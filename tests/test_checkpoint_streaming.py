@@ -23,6 +23,7 @@ from prefect_gliner2.session_core import (
     TrainingSession,
 )
 from prefect_gliner2.session_core import checkpoint as checkpoint_mod
+from prefect_gliner2.session_core.checkpoint import digest as digest_mod
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint
 from prefect_gliner2.session_core.state import read_tensors, write_tensors
 
@@ -50,7 +51,7 @@ def _flip_byte(path: Path, offset: int) -> None:
 
 
 def test_streaming_round_trip_is_bitwise_and_the_files_are_plain_safetensors(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint_mod, "CHUNK_BYTES", 4096)  # many chunks per file: the chunked paths run
+    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 4096)  # many chunks per file: the chunked paths run
     session, plan = new_session()
     run_direct(session, plan, stop=4)  # mid-window: pending gradients and AdamW moments are both present
     assert session.pending_micro_batches == 1
@@ -203,9 +204,9 @@ def _chunked_sha256(data: bytes, chunk: int) -> str:
 
 
 def test_chunked_digests_follow_their_definition_and_any_flipped_byte_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint_mod, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(checkpoint_mod, "HASH_CHUNK_BYTES", 1000)  # pieces straddle reads and tensors
-    monkeypatch.setattr(checkpoint_mod, "HASH_THREADS", 3)
+    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(digest_mod, "HASH_CHUNK_BYTES", 1000)  # pieces straddle reads and tensors
+    monkeypatch.setattr(digest_mod, "HASH_THREADS", 3)
     tensors = {f"t{i}": torch.randn(97 * (i + 1)) for i in range(12)}
     write_checkpoint(str(tmp_path / "c"), {"t.safetensors": lambda handle: write_tensors(handle, tensors)}, {})
     path = tmp_path / "c" / "t.safetensors"
@@ -287,14 +288,14 @@ def test_format_2_checkpoints_still_resume_exactly_and_are_still_verified(tmp_pa
 
 
 def test_hash_threads_follow_the_slot_and_bad_values_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint_mod, "HASH_THREADS", checkpoint_mod.HASH_THREADS)  # restored after the test
-    monkeypatch.setattr(checkpoint_mod, "CHUNK_BYTES", 40_000)
-    monkeypatch.setattr(checkpoint_mod, "HASH_CHUNK_BYTES", 65_536)  # ~18 pieces: several threads share them
+    monkeypatch.setattr(digest_mod, "HASH_THREADS", digest_mod.HASH_THREADS)  # restored after the test
+    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 40_000)
+    monkeypatch.setattr(digest_mod, "HASH_CHUNK_BYTES", 65_536)  # ~18 pieces: several threads share them
     tensors = {"w": torch.randn(300_000)}
     digests = []
     for threads in (1, 2, 64):
         checkpoint_mod.set_hash_threads(threads)
-        assert checkpoint_mod.HASH_THREADS == min(8, threads)
+        assert digest_mod.HASH_THREADS == min(8, threads)
         write_checkpoint(str(tmp_path / f"c{threads}"), {"w.safetensors": lambda h: write_tensors(h, tensors)}, {})
         digests.append(json.loads((tmp_path / f"c{threads}" / "checkpoint.json").read_text())["files"])
     assert digests[0] == digests[1] == digests[2]  # the digest does not depend on how many threads computed it

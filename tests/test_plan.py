@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from prefect_gliner2.session_core.canonical import canonical_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, ManifestError, RecordError
 from prefect_gliner2.session_core.plan import (
@@ -21,7 +22,7 @@ from prefect_gliner2.session_core.plan import (
     SelectionPolicy,
     random_keys,
 )
-from prefect_gliner2.session_core.records import canonical_json, load_records
+from prefect_gliner2.session_core.records import load_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.runtime import faults, protocol
-from prefect_gliner2.runtime.errors import RunLockedError, StorageFullError, WorkerError, is_transient
+from prefect_gliner2.runtime.errors import is_transient
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.protocol import (
     Advance,
@@ -27,9 +27,16 @@ from prefect_gliner2.runtime.protocol import (
     decode_error,
     encode_error,
 )
-from prefect_gliner2.runtime.worker_child import HANDLERS, SessionRunner
+from prefect_gliner2.runtime.session_runner import HANDLERS, SessionRunner
 from prefect_gliner2.session_core.checkpoint import read_checkpoint, write_checkpoint
-from prefect_gliner2.session_core.errors import CheckpointError, ConfigError, SessionCoreError
+from prefect_gliner2.session_core.errors import (
+    CheckpointError,
+    ConfigError,
+    RunLockedError,
+    SessionCoreError,
+    StorageFullError,
+    WorkerError,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,14 +169,12 @@ def test_before_commit_runs_once_the_files_are_written_and_a_failure_commits_not
 
 
 def test_every_error_class_of_ours_survives_the_pipe() -> None:
-    from prefect_gliner2.runtime import errors as runtime_errors
     from prefect_gliner2.session_core import errors as core_errors
 
     classes = [
         cls
-        for module in (core_errors, runtime_errors)
-        for cls in vars(module).values()
-        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == module.__name__
+        for cls in vars(core_errors).values()
+        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == core_errors.__name__
     ]
     assert len(classes) >= 15
     for cls in classes:

@@ -12,8 +12,9 @@ from typing import Any
 import fsspec
 import pytest
 
+from prefect_gliner2.session_core.canonical import Record, RecordSet, record_json
 from prefect_gliner2.session_core.errors import RecordError
-from prefect_gliner2.session_core.records import Record, RecordSet, load_records, record_json
+from prefect_gliner2.session_core.records import load_records
 
 TEXT = "John Smith works at Google in Paris."
 

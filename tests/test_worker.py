@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from prefect_gliner2.runtime.errors import StorageFullError, WorkerDied, WorkerError, is_transient
+from prefect_gliner2.runtime.errors import is_transient
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Export, Status, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.errors import CheckpointError
+from prefect_gliner2.session_core.errors import CheckpointError, StorageFullError, WorkerDied, WorkerError
 
 from support.config import training_config
 from support.flow import (

@@ -1,0 +1,88 @@
+"""Building a session worker's training run from its spec: plan, model, session, init weights, restored checkpoint.
+
+Runs in the worker process (torch and gliner2 load here, inside ``build_training``): it pins the torch and hashing
+thread counts, reads the run's manifest, loads the model (an init-weights export as the frozen base of new LoRA
+adapters), builds the TrainingSession and ManagedTraining, then restores the checkpoint it is given, or loads the
+init weights of a fresh run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prefect_gliner2.runtime.model_sources import load_model
+from prefect_gliner2.runtime.protocol import WorkerSpec
+from prefect_gliner2.session_core import layout, storage
+from prefect_gliner2.session_core.checkpoint import set_hash_threads
+
+if TYPE_CHECKING:
+    from prefect_gliner2.session_core.managed import ManagedTraining
+    from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+
+__all__ = ["build_training", "init_weights_dir"]
+
+
+def build_training(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTrainingPlan, ManagedTraining]:
+    """The worker's plan and managed run, restored from `restore_uri` when given (see the module docstring)."""
+    import torch
+
+    torch.set_num_threads(int(spec.cpu_threads))
+    set_hash_threads(int(spec.cpu_threads))  # checkpoint hashing stays within the slot's CPU share too
+    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
+
+    loaded = ManagedTrainingPlan.from_manifest(spec.manifest_uri)
+    plan = loaded.plan
+    lora = bool(plan.config.use_lora)
+    init = init_weights_dir(spec.init_weights, lora) if spec.init_weights else None
+    # New LoRA adapters over a full model's weights: that model *is* the frozen base, on a fresh start and on
+    # every restore alike (a restore checks the base weights' hash), so load it as the base model.
+    base_from_init = init is not None and lora and _is_native_model_dir(init)
+    model = load_model(init if base_from_init and init is not None else spec.model)
+    session = TrainingSession(model, plan.config, max_steps=plan.max_steps, device=spec.device)
+    evals = loaded.eval_examples
+    run = ManagedTraining(session, plan, eval_examples=evals if evals else None)
+    if restore_uri:
+        _restore(run, restore_uri)  # restores everything, including what init_weights had loaded
+    elif init is not None and not base_from_init:
+        session.load_weights(init)
+    return plan, run
+
+
+def init_weights_dir(uri: str, lora: bool) -> str:
+    """The directory load_weights should read: an export directory's adapter/ for a LoRA run, else `uri` itself."""
+    fs, path = storage.resolve(uri)
+    if lora and fs.exists(f"{path}/{layout.ADAPTER_DIR}/{layout.ADAPTER_CONFIG_FILE}"):
+        return f"{uri.rstrip('/')}/{layout.ADAPTER_DIR}"
+    return uri
+
+
+def _is_native_model_dir(uri: str) -> bool:
+    """A plain native model directory (not a checkpoint, not a PEFT adapter)."""
+    fs, path = storage.resolve(uri)
+    return (
+        fs.exists(f"{path}/{layout.MODEL_CONFIG_FILE}")
+        and not fs.exists(f"{path}/{layout.CHECKPOINT_INDEX_FILE}")
+        and not fs.exists(f"{path}/{layout.ADAPTER_CONFIG_FILE}")
+    )
+
+
+def _restore(run: Any, uri: str) -> None:
+    """`run.load_state(uri)`, the only full read of a checkpoint on resume (verified as it streams). A failure that
+    may come from damaged bytes (e.g. a header parsed before its file's hash is complete) is re-checked by streaming
+    the checkpoint through its hashes once more: damage raises CheckpointDamagedError (the flow then falls back to
+    the previous checkpoint), anything else is raised as it was."""
+    from prefect_gliner2.session_core.checkpoint import read_checkpoint
+    from prefect_gliner2.session_core.errors import CheckpointDamagedError
+
+    try:
+        run.load_state(uri)
+    except CheckpointDamagedError:
+        raise
+    except Exception as exc:
+        try:
+            read_checkpoint(uri, min_version=1)
+        except CheckpointDamagedError as damage:
+            raise damage from exc
+        except Exception:  # noqa: BLE001 - not damage: the original error says what is wrong
+            pass
+        raise

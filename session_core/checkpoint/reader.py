@@ -1,0 +1,228 @@
+"""Reading checkpoints: the index checked, every file's size stat-checked, and files streamed through their hash.
+
+A file is read back through a verifying reader that hashes what it hands out (in helper threads, overlapping the next
+read) and raises at the end of the file when size or digest differ. No file is ever held whole in memory.
+`open_checkpoint` checks the index and every file's size (stat only); `read_checkpoint` also streams every file
+through the hash before returning (for callers that must know a checkpoint is intact before using it).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+from prefect_gliner2.session_core.checkpoint import digest
+from prefect_gliner2.session_core.checkpoint.format import (
+    INDEX_FILE,
+    RESUMABLE_VERSION,
+    FileRef,
+    check_index,
+    entry_chunk_bytes,
+    entry_digest,
+    load_index,
+)
+from prefect_gliner2.session_core.errors import CheckpointDamagedError, CheckpointError
+from prefect_gliner2.session_core.storage import is_local, resolve
+
+__all__ = [
+    "Checkpoint",
+    "VerifiedReader",
+    "checkpoint_exists",
+    "checkpoint_meta",
+    "checkpoint_refs",
+    "open_checkpoint",
+    "read_checkpoint",
+]
+
+
+class VerifiedReader:
+    """A file of a checkpoint, read as a stream: what it hands out is hashed (in helper threads, overlapping the
+    next read), and `finish()` (called on a clean exit from `Checkpoint.open`) reads any rest and raises
+    CheckpointDamagedError when the size or the digest differ. Buffers filled by `readinto` are hashed in place:
+    leave them unchanged until the file is finished (until then their contents are unverified)."""
+
+    def __init__(self, handle: IO[bytes], name: str, entry: dict[str, Any], uri: str) -> None:
+        self._handle = handle
+        self._entry = entry
+        self.name = name
+        self.uri = uri
+        self._hash = digest.HashStream(entry_chunk_bytes(entry, f"checkpoint {uri}: {name}"))
+
+    @property
+    def size(self) -> int:
+        return self._hash.size
+
+    @property
+    def expected_bytes(self) -> int:
+        return int(self._entry["bytes"])
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill `buffer` completely (a writable buffer); CheckpointError when the file ends first."""
+        view = memoryview(buffer).cast("B")
+        for start in range(0, len(view), digest.CHUNK_BYTES):
+            piece = view[start : start + digest.CHUNK_BYTES]
+            filled = 0
+            while filled < len(piece):
+                got = self._handle.readinto(piece[filled:])  # type: ignore[attr-defined]
+                if not got:
+                    raise self._truncated(self.size + filled)
+                filled += got
+            self._hash.add(piece)
+        return len(view)
+
+    def read_exact(self, count: int) -> bytes:
+        data = bytearray(count)
+        self.readinto(data)
+        return bytes(data)
+
+    def finish(self) -> None:
+        while self.size <= self.expected_bytes:
+            rest = self._handle.read(digest.CHUNK_BYTES)
+            if not rest:
+                break
+            self._hash.add(memoryview(rest))
+        if self.size != self.expected_bytes:
+            raise self._truncated(self.size)
+        if self._hash.hexdigest() != entry_digest(self._entry):
+            raise CheckpointDamagedError(
+                f"checkpoint file {self.name} in {self.uri} does not match its recorded sha256: edited or corrupted; "
+                "use an earlier checkpoint"
+            )
+
+    def _truncated(self, size: int) -> CheckpointError:
+        return CheckpointDamagedError(
+            f"checkpoint file {self.name} in {self.uri} has {size} bytes, the index says {self.expected_bytes}: "
+            "truncated or replaced; use an earlier checkpoint"
+        )
+
+
+class Checkpoint:
+    """A committed checkpoint's index (files, refs, meta) with verified streaming access to its files."""
+
+    def __init__(self, uri: str, fs: Any, path: str, index: dict[str, Any]) -> None:
+        self.uri = uri
+        self.meta: dict[str, Any] = index.get("meta", {}) if isinstance(index.get("meta"), dict) else {}
+        self.version = int(index["version"])
+        self.refs = {name: FileRef.from_dict(v, uri) for name, v in dict(index.get("refs") or {}).items()}
+        self._fs = fs
+        self._entries: dict[str, tuple[str, dict[str, Any]]] = {
+            name: (f"{path}/{name}", entry) for name, entry in sorted(dict(index.get("files") or {}).items())
+        }
+        for name, ref in self.refs.items():
+            self._entries[name] = (posixpath.normpath(f"{path}/{ref.path}"), ref.to_dict())
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def has(self, name: str) -> bool:
+        return name in self._entries
+
+    def check_sizes(self) -> None:
+        """Every listed file exists with its listed size (a stat each; contents are checked while reading)."""
+        for name, (file_path, entry) in self._entries.items():
+            if not self._fs.exists(file_path):
+                raise CheckpointDamagedError(
+                    f"checkpoint {self.uri} is missing {name}; restore it from a copy or use an earlier checkpoint"
+                )
+            size = self._fs.size(file_path)
+            if size != entry.get("bytes"):
+                raise CheckpointDamagedError(
+                    f"checkpoint file {name} in {self.uri} has {size} bytes, the index says {entry.get('bytes')}: "
+                    "truncated or replaced; use an earlier checkpoint"
+                )
+
+    @contextmanager
+    def open(self, name: str) -> Iterator[VerifiedReader]:
+        """Stream one file; on a clean exit the rest is read and size and sha256 are checked (CheckpointError)."""
+        file_path, entry = self._entry(name)
+        handle = _open_sequential(file_path) if is_local(self._fs) else self._fs.open(file_path, "rb")
+        with handle:
+            reader = VerifiedReader(handle, name, entry, self.uri)
+            yield reader
+            reader.finish()
+
+    def require(self, name: str) -> bytes:
+        """A (small) file's verified bytes."""
+        with self.open(name) as reader:
+            return reader.read_exact(reader.expected_bytes)
+
+    def verify(self) -> None:
+        """Stream every file through its hash (bounded memory); CheckpointError at the first difference."""
+        self.check_sizes()
+        for name in self.names:
+            with self.open(name):
+                pass
+
+    def _entry(self, name: str) -> tuple[str, dict[str, Any]]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise CheckpointError(
+                f"checkpoint {self.uri} has no {name}; it was written by another tool or version"
+            ) from None
+
+
+def _open_sequential(path: str) -> IO[bytes]:
+    """A local file opened for one front-to-back read (the kernel is told to read ahead aggressively)."""
+    handle = open(path, "rb")  # noqa: SIM115
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return handle
+
+
+def checkpoint_exists(uri: str) -> bool:
+    """True when `uri` holds a committed checkpoint index (contents are not verified here)."""
+    fs, path = resolve(uri)
+    return bool(fs.exists(f"{path.rstrip('/')}/{INDEX_FILE}"))
+
+
+def checkpoint_meta(uri: str) -> dict[str, Any] | None:
+    """The index's `meta` of a committed checkpoint without reading its files (None when there is no index).
+
+    Cheap, for finding and describing checkpoints; `read_checkpoint` still verifies everything before a restore.
+    """
+    fs, path = resolve(uri)
+    index = load_index(fs, path.rstrip("/"), uri)
+    if index is None:
+        return None
+    meta = index.get("meta")
+    return meta if isinstance(meta, dict) else {}
+
+
+def checkpoint_refs(uri: str) -> list[FileRef]:
+    """The blob references in the index of the committed checkpoint at `uri` (none without an index); reads the
+    index only. CheckpointDamagedError when the index or a reference in it is unreadable."""
+    fs, path = resolve(uri)
+    index = load_index(fs, path.rstrip("/"), uri)
+    if index is None:
+        return []
+    refs = index.get("refs") or {}
+    if not isinstance(refs, dict):
+        raise CheckpointDamagedError(f"{uri} has invalid blob references {refs!r}; the index is damaged")
+    return [FileRef.from_dict(value, uri) for value in refs.values()]
+
+
+def open_checkpoint(uri: str, *, min_version: int = RESUMABLE_VERSION) -> Checkpoint:
+    """The checkpoint at `uri` with its index checked and every file's size stat-checked; contents are verified as
+    they are read. `min_version` 1 admits format-1 checkpoints (for reading their weights only)."""
+    fs, path = resolve(uri)
+    path = path.rstrip("/")
+    index = load_index(fs, path, uri)
+    if index is None:
+        hint = " (it holds files but no index: an incomplete write)" if fs.exists(path) else ""
+        raise CheckpointError(f"no committed checkpoint at {uri}{hint}; pass the directory a save_state call wrote")
+    check_index(index, uri, min_version)
+    checkpoint = Checkpoint(uri, fs, path, index)
+    checkpoint.check_sizes()
+    return checkpoint
+
+
+def read_checkpoint(uri: str, *, min_version: int = 1) -> Checkpoint:
+    """`open_checkpoint`, then every file streamed through its hash: the checkpoint is known intact on return."""
+    checkpoint = open_checkpoint(uri, min_version=min_version)
+    checkpoint.verify()
+    return checkpoint
