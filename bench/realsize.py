@@ -25,8 +25,9 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   cursor names the real-size checkpoint (debris removal, the index-only damage check, the cursor read); its peak
   RSS (`VmHWM`) is printed, with the part added after the imports. Not a whole flow run: no Prefect server, no
   worker, no flow engine.
-- hash speed: sha256 of one buffer in one thread, and the checkpoints' chunked sha256 over the hashing threads,
-  beside a memcpy of the same bytes: what bounds save and load when the page cache makes raw I/O a memcpy.
+- hash speed: sha256 of one buffer in one thread (formats 2-3), BLAKE3 in one thread and as the checkpoints
+  stream it over the hashing threads (format 4), beside a memcpy of the same bytes: what bounds save and load
+  when the page cache makes raw I/O a memcpy.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overl
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import digest as checkpoint_digest  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
+from prefect_gliner2.session_core.checkpoint.format import BLAKE3  # noqa: E402
 from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -287,7 +289,10 @@ def flow_side_rss(ckpt: Path, plan: ManagedTrainingPlan, tmp: str) -> dict[str, 
 
 
 def hash_speed(size: int = 512 << 20) -> dict[str, float]:
-    """GB/s of sha256 (one thread), of the checkpoints' chunked sha256 (all hashing threads) and of a memcpy."""
+    """GB/s of sha256 (one thread, formats 2-3), of BLAKE3 in one thread and of the checkpoints' BLAKE3 stream over
+    the hashing threads (format 4), and of a memcpy of the same bytes."""
+    import blake3
+
     data = torch.randint(0, 256, (size,), dtype=torch.uint8).numpy()
     view = memoryview(data)
     copy = bytearray(size)  # touched once below so that the memcpy timing sees no page faults
@@ -298,15 +303,16 @@ def hash_speed(size: int = 512 << 20) -> dict[str, float]:
         action()
         return size / (time.perf_counter() - started) / 1e9
 
-    def chunked() -> None:
-        stream = checkpoint_digest.HashStream(checkpoint_digest.HASH_CHUNK_BYTES)
+    def stream() -> None:
+        hashing = checkpoint_digest.HashStream(BLAKE3)
         for start in range(0, size, checkpoint_digest.CHUNK_BYTES):
-            stream.add(view[start : start + checkpoint_digest.CHUNK_BYTES])
-        stream.hexdigest()
+            hashing.add(view[start : start + checkpoint_digest.CHUNK_BYTES])
+        hashing.hexdigest()
 
     return {
         "sha256_gbps": rate(lambda: hashlib.sha256(view).digest()),
-        "chunked_sha256_gbps": rate(chunked),
+        "blake3_gbps": rate(lambda: blake3.blake3(view).digest()),
+        "stream_gbps": rate(stream),
         "memcpy_gbps": rate(lambda: memoryview(copy).__setitem__(slice(None), view)),
         "hash_threads": checkpoint_digest.HASH_THREADS,
     }
@@ -397,8 +403,9 @@ def main() -> None:
     speed = hash_speed()
     print(
         f"load average {os.getloadavg()[0]:.2f} (at the start of each arch: {[r['load_average'] for r in rows]}); "
-        f"sha256 {speed['sha256_gbps']:.2f} GB/s in one thread, chunked sha256 {speed['chunked_sha256_gbps']:.2f} "
-        f"GB/s in {speed['hash_threads']} threads, memcpy {speed['memcpy_gbps']:.2f} GB/s"
+        f"sha256 {speed['sha256_gbps']:.2f} GB/s in one thread, BLAKE3 {speed['blake3_gbps']:.2f} GB/s in one "
+        f"thread and {speed['stream_gbps']:.2f} GB/s as the checkpoints stream it ({speed['hash_threads']} "
+        f"threads), memcpy {speed['memcpy_gbps']:.2f} GB/s"
     )
     if args.resume_only:
         print_resume(rows)

@@ -353,7 +353,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
     (run / "cursor.json").write_text(json.dumps(cursor))
     weights = run / "checkpoints" / "step-000002-batch-000003" / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
-    with pytest.raises(CheckpointError, match="does not match its recorded sha256.*no intact earlier checkpoint"):
+    with pytest.raises(CheckpointError, match="does not match its recorded blake3.*no intact earlier checkpoint"):
         run_flow(
             model=space["span"],
             train_data=space["inputs"]["train"],

@@ -18,6 +18,7 @@ from typing import IO, Any
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import digest
 from prefect_gliner2.session_core.checkpoint.format import (
+    BLAKE3,
     BLOB_DIR,
     INDEX_FILE,
     FileRef,
@@ -38,12 +39,12 @@ Payload = bytes | Callable[[IO[bytes]], None]
 
 
 class _HashingWriter:
-    """A write-only stream that hashes (chunked sha256) and counts what passes through, the hash overlapping the
-    write. Buffers of 1 MiB and more are hashed in place: they must stay unchanged until the payload returns."""
+    """A write-only stream that hashes (BLAKE3) and counts what passes through, the hash overlapping the write.
+    Buffers of 1 MiB and more are hashed in place: they must stay unchanged until the payload returns."""
 
     def __init__(self, handle: IO[bytes]) -> None:
         self._handle = handle
-        self._hash = digest.HashStream(digest.HASH_CHUNK_BYTES)
+        self._hash = digest.HashStream(BLAKE3)
         self.size = 0
 
     def write(self, data: Any) -> int:
@@ -61,7 +62,7 @@ class _HashingWriter:
         self._handle.flush()
 
     def entry(self) -> dict[str, Any]:
-        return {"chunked_sha256": self._hash.hexdigest(), "chunk_bytes": digest.HASH_CHUNK_BYTES, "bytes": self.size}
+        return {BLAKE3.key: self._hash.hexdigest(), "bytes": self.size}
 
 
 def _emit(handle: IO[bytes], payload: Payload) -> dict[str, Any]:
@@ -113,8 +114,7 @@ def write_checkpoint(
 
 
 def store_blob(checkpoint_uri: str, payload: Payload, extension: str) -> FileRef:
-    """Write `payload` once into the content-addressed store beside `checkpoint_uri`
-    (`../blobs/chunked-sha256-<hex>.<ext>`)
+    """Write `payload` once into the content-addressed store beside `checkpoint_uri` (`../blobs/blake3-<hex>.<ext>`)
     and return the reference a checkpoint index records. Same content, same name: storing twice keeps one file."""
     if not re.fullmatch(r"[a-z]+", extension):
         raise CheckpointError(f"invalid blob extension {extension!r}")
