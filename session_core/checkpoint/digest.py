@@ -22,12 +22,14 @@ import blake3
 from prefect_gliner2.session_core.checkpoint.format import DigestScheme, chunked_header
 from prefect_gliner2.session_core.errors import CheckpointError
 
-__all__ = ["CHUNK_BYTES", "HASH_THREADS", "INLINE_BELOW", "HashStream", "set_hash_threads"]
+__all__ = ["CHUNK_BYTES", "HASH_THREADS", "INLINE_BELOW", "MULTITHREAD_FROM", "HashStream", "set_hash_threads"]
 
 #: Bytes per read or write call and per piece handed to the hash (bounded buffers, hashing overlapped with I/O).
 CHUNK_BYTES = 8 << 20
 #: Pieces shorter than this are hashed in the calling thread when no earlier piece is still being hashed.
 INLINE_BELOW = 1 << 20
+#: Files known to be shorter than this are hashed by one BLAKE3 thread (its threads cost microseconds per call).
+MULTITHREAD_FROM = 4 << 20
 #: Threads hashing one stream (BLAKE3's own threads, or chunked-sha256 pieces in parallel; at most this many times
 #: two, plus two, pieces wait to be hashed): the CPUs this process may use, at most 8; a session worker sets it to
 #: its slot's ``cpu_threads`` (``set_hash_threads``).
@@ -79,13 +81,15 @@ class HashStream:
 
     Buffers given to `add` may be hashed later: they must stay unchanged until `hexdigest` returns. At most
     ``2 * HASH_THREADS + 2`` hash jobs are pending; `add` waits for the oldest beyond that (bounded memory when
-    buffers are temporary)."""
+    buffers are temporary). `size_hint`: the stream's length when known; BLAKE3 uses one thread below
+    ``MULTITHREAD_FROM``."""
 
-    def __init__(self, scheme: DigestScheme) -> None:
+    def __init__(self, scheme: DigestScheme, size_hint: int | None = None) -> None:
         self._scheme = scheme
         self._ordered: Any = None
         if scheme.key == "blake3":
-            self._ordered = blake3.blake3(max_threads=HASH_THREADS)
+            small = size_hint is not None and size_hint < MULTITHREAD_FROM
+            self._ordered = blake3.blake3(max_threads=1 if small else HASH_THREADS)
         elif scheme.key == "sha256":
             self._ordered = hashlib.sha256()
         self._pieces: list[memoryview] = []

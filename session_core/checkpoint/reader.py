@@ -49,7 +49,7 @@ class VerifiedReader:
         self.name = name
         self.uri = uri
         self._scheme = entry_scheme(entry, f"checkpoint {uri}: {name}")
-        self._hash = digest.HashStream(self._scheme)
+        self._hash = digest.HashStream(self._scheme, size_hint=self.expected_bytes)
 
     @property
     def size(self) -> int:
