@@ -11,8 +11,10 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   detached), on the same model and the same collated batches, alternating step by step so that both see the same
   machine state; the median of the per-step ratios is printed.
 - checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes, load_state (into a fresh session)
-  vs a raw read of the same bytes (both from the page cache: the files were just written), and the extra peak
-  RSS during each (above the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
+  vs a raw read of the checkpoint's files into one reused buffer (the target's baseline) and into freshly allocated
+  memory (the first touch of every page, which a load into a fresh session pays too), all from the page cache (the
+  files were just written), each pair interleaved `--repeats` times; and the extra peak RSS during each (above
+  the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
 - resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
   then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
@@ -180,6 +182,20 @@ def raw_read(folder: Path) -> float:
     return time.perf_counter() - started
 
 
+def raw_read_fresh(folder: Path) -> float:
+    """Seconds to read every file in `folder` into freshly allocated memory of its size (what a load pays besides
+    the copy: the first touch of every page the optimizer moments and gradients land in)."""
+    started = time.perf_counter()
+    for path in sorted(folder.iterdir()):
+        target = torch.empty(path.stat().st_size, dtype=torch.uint8)
+        view = memoryview(target.numpy())
+        with open(path, "rb", buffering=0) as handle:
+            for start in range(0, len(view), 8 << 20):
+                handle.readinto(view[start : start + (8 << 20)])
+        del view, target
+    return time.perf_counter() - started
+
+
 def timed(action: Callable[[], Any]) -> tuple[float, int, int, int]:
     gc.collect()
     before = PeakRss.now()
@@ -228,9 +244,10 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     gc.collect()
 
     if not args.resume_only:
-        loads, raw_reads = [], []
-        for _ in range(args.repeats):  # interleaved with a raw read of the checkpoint's own files
+        loads, raw_reads, fresh_reads = [], [], []
+        for _ in range(args.repeats):  # interleaved with raw reads of the checkpoint's own files
             raw_reads.append(raw_read(ckpt))
+            fresh_reads.append(raw_read_fresh(ckpt))
             fresh = new_session(model_dir, cfg, plan, args.device)
             gc.collect()
             load_s, before, peak, after = timed(lambda fresh=fresh: fresh.load_state(str(ckpt)))
@@ -240,7 +257,8 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             del fresh
             gc.collect()
         row.update(figures("load_s", loads) | figures("raw_read_s", raw_reads))
-        row.update(ratios("load_ratio", loads, raw_reads))
+        row.update(figures("raw_read_fresh_s", fresh_reads) | ratios("load_ratio", loads, raw_reads))
+        row.update(ratios("load_fresh_ratio", loads, fresh_reads))
         progress(row)
         if args.overlap_rounds:
             overlap = checkpoint_overlap(
@@ -382,6 +400,11 @@ def print_all(rows: list[dict[str, Any]]) -> None:
             f"{_overlap_cell(r):>11}"
         )
     print("ratios: median (min-max) of interleaved pairs; targets: save <= 1.2, load <= 2, resume <= 1.2")
+    for r in rows:
+        print(
+            f"{r['arch']:9} load vs a raw read into fresh memory (first touch of every page): "
+            f"{spread(r, 'load_fresh_ratio')} ({spread(r, 'raw_read_fresh_s')} s)"
+        )
     print(
         f"\n{'arch':9} {'save s':>17} {'raw w s':>17} {'load s':>17} {'raw r s':>17} {'index s':>7} {'verify s':>8} "
         f"{'fresh s':>17} {'resume s':>17}"

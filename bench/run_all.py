@@ -229,7 +229,8 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
             (
                 f"checkpoint load vs raw read of the same bytes ({name})",
                 _spread(r, "load_ratio"),
-                f"{_spread(r, 'load_s')} s vs {_spread(r, 'raw_read_s')} s; extra peak RAM "
+                f"{_spread(r, 'load_s')} s vs {_spread(r, 'raw_read_s')} s; vs a raw read into fresh memory "
+                f"{_spread(r, 'load_fresh_ratio')} ({_spread(r, 'raw_read_fresh_s')} s); extra peak RAM "
                 f"{r['load_extra_rss']:.2f}x; target <= 2",
             ),
             (
