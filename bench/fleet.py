@@ -56,7 +56,7 @@ def _inputs(root: Path) -> dict[str, str]:
     return paths
 
 
-def _flow_params(inputs: dict[str, str], storage: str, run_key: str, **extra: Any) -> dict[str, Any]:
+def _flow_params(inputs: dict[str, str], storage: str, run_key: str, keep: int | None = 3) -> dict[str, Any]:
     return {
         "model": "tiny:span",
         "train_data": inputs["train"],
@@ -64,9 +64,8 @@ def _flow_params(inputs: dict[str, str], storage: str, run_key: str, **extra: An
         "config": CONFIG,
         "run_key": run_key,
         "storage": storage,
-        "checkpoint_every": 1,
-        "cpu_threads": 1,
-        **extra,
+        "checkpointing": {"checkpoint_every": 1, "keep_checkpoints": keep},
+        "execution": {"cpu_threads": 1},
     }
 
 
@@ -93,7 +92,7 @@ def retention(inputs: dict[str, str], root: Path) -> list[tuple[str, str, str]]:
 
     kept = {}
     for keep in (3, None):
-        summary = train_flow(**_flow_params(inputs, str(root / "retention"), f"keep-{keep}", keep_checkpoints=keep))
+        summary = train_flow(**_flow_params(inputs, str(root / "retention"), f"keep-{keep}", keep=keep))
         kept[keep] = summary
     on, off = kept[3], kept[None]
     return [

@@ -126,9 +126,8 @@ def run_flow(case: dict[str, Any], inputs: dict[str, str], work: Path, key: str,
             config=CONFIG,
             run_key=key,
             storage=str(work / "runs"),
-            checkpoint_every=0,
-            cpu_threads=threads,
-            device=DEVICE,
+            checkpointing={"checkpoint_every": 0},
+            execution={"cpu_threads": threads, "device": DEVICE},
             **options,
         )
         return time.perf_counter() - started

@@ -96,9 +96,8 @@ def measure(arch: str, tmp: Path, api_url: str, threads: int) -> dict[str, Any]:
         config=config,
         run_key=f"realsize-{arch}",
         storage=str(storage),
-        checkpoint_every=1,
-        keep_checkpoints=None,
-        cpu_threads=threads,
+        checkpointing={"checkpoint_every": 1, "keep_checkpoints": None},
+        execution={"cpu_threads": threads},
     )
     reference = run_flow(params, api_url)
     position, size = rewind_to_first_checkpoint(storage / params["run_key"])

@@ -55,7 +55,7 @@ def write_demo_inputs(directory: str) -> dict[str, str]:
 def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
     """Score the untrained model on the held-out records, run the demo flow, score the exported model; returns the
     flow's summary plus ``demo`` (held-out metrics before and after, example extractions)."""
-    from prefect_gliner2.flows.params import TrainingSettings
+    from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings, TrainingSettings
     from prefect_gliner2.flows.train import train_flow
     from prefect_gliner2.runtime.errors import RunConflictError
     from prefect_gliner2.runtime.model_sources import load_model
@@ -74,8 +74,8 @@ def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
             run_key="demo",
             storage=os.path.join(directory, "runs"),
             export_to=os.path.join(directory, "model"),
-            checkpoint_every=0,
-            batches_per_task=8,
+            checkpointing=CheckpointSettings(checkpoint_every=0),
+            execution=ExecutionSettings(batches_per_task=8),
         )
     except RunConflictError as exc:
         raise RunConflictError(

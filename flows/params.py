@@ -12,6 +12,11 @@ From Python a flat mapping of ``TrainingConfig`` fields (``{"fp16": False, "bf16
 message as everywhere else. ``to_training_config`` is the one conversion to ``session_core.TrainingConfig``;
 ``check_runnable`` refuses, before any task runs, what the schema cannot express (bf16 on CPU, early stopping
 without validation).
+
+The training flow's other settings are grouped the same way, one section of the form each: ``CheckpointSettings``
+(when checkpoints are taken, how many are kept, how they are written), ``ExecutionSettings`` (how the plan's batches
+become Prefect tasks, and where the worker trains) and ``LeaseSettings`` (the run key's lease). None of them changes
+the numbers a run trains to.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT
+from prefect_gliner2.runtime.run import DEFAULT_KEEP_CHECKPOINTS
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.config import DEFAULT_LORA_TARGET_MODULES
 from prefect_gliner2.session_core.errors import (
@@ -32,7 +39,16 @@ from prefect_gliner2.session_core.errors import (
 )
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, greater_is_better_for
 
-__all__ = ["FIXED_FIELDS", "METRICS", "AdvancedSettings", "TrainingSettings", "check_runnable"]
+__all__ = [
+    "FIXED_FIELDS",
+    "METRICS",
+    "AdvancedSettings",
+    "CheckpointSettings",
+    "ExecutionSettings",
+    "LeaseSettings",
+    "TrainingSettings",
+    "check_runnable",
+]
 
 # The validation metrics the managed driver computes (session_core.metrics), plus "auto" (the config's default).
 METRICS = EVAL_KEYS
@@ -73,6 +89,7 @@ FIXED_FIELDS: frozenset[str] = frozenset(
     }
 )
 
+DEVICE_PATTERN = r"^(cpu|cuda(:[0-9]+)?)$"
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegative = Annotated[float, Field(ge=0.0)]
 
@@ -270,3 +287,63 @@ def check_runnable(config: TrainingConfig, has_validation: bool, device: str | N
         raise ConfigError(EARLY_STOPPING_NEEDS_VALIDATION)
     if config.bf16 and device == "cpu":
         raise PrecisionError(BF16_NEEDS_CUDA)
+
+
+# ---- the training flow's run settings (how a run executes, never what it trains to) ---------------------------
+
+
+class CheckpointSettings(_Form):
+    """When checkpoints are taken, how many are kept and how they are written."""
+
+    checkpoint_every: int = Field(
+        default=100, ge=0, description="Checkpoint after every N optimizer updates (0: only at epoch ends)."
+    )
+    keep_checkpoints: int | None = Field(
+        default=DEFAULT_KEEP_CHECKPOINTS,
+        ge=1,
+        description="Keep the newest N checkpoints (plus the one taken at the best validation step and the one the "
+        "cursor names); older ones are deleted once a newer checkpoint is committed. Empty keeps all.",
+    )
+    background_checkpoints: bool = Field(
+        default=False,
+        description="Write checkpoints while training continues: costs one checkpoint's size of extra host RAM "
+        "while a write is in flight. The cursor moves once a checkpoint is written; results are the same.",
+    )
+
+
+class ExecutionSettings(_Form):
+    """How the plan's batches become Prefect tasks, and where the session worker trains."""
+
+    batches_per_task: int = Field(
+        default=1, ge=1, description="Batches per Prefect task (raise it when steps take only a few milliseconds)."
+    )
+    pipeline_depth: int = Field(
+        default=0, ge=0, le=64, description="Operations sent to the worker ahead of their task (0: none)."
+    )
+    device: str | None = Field(
+        default=None, pattern=DEVICE_PATTERN, description='"cpu", "cuda" or "cuda:N" (empty: CUDA when available).'
+    )
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Torch threads in the worker (recorded on first use; empty: this worker slot's share of the "
+        "CPUs: $PREFECT_GLINER2_CPU_THREADS, else $OMP_NUM_THREADS, else usable CPUs divided by "
+        "$PREFECT_GLINER2_WORKER_SLOTS).",
+    )
+
+
+class LeaseSettings(_Form):
+    """The run key's lease: one live run per run key."""
+
+    lease_ttl: float = Field(
+        default=DEFAULT_LEASE_TTL,
+        ge=1,
+        description="Seconds a remote-storage lease lives without a heartbeat (the holder renews it every ttl/3).",
+    )
+    lease_wait: float = Field(
+        default=DEFAULT_LEASE_WAIT,
+        ge=0,
+        description="Seconds to wait for a run key held by another live run before failing. A lease of this same "
+        "flow run, of a process gone from this host, or of a flow run that Prefect reports final or CRASHED is "
+        "taken over at once.",
+    )

@@ -32,12 +32,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.states import Completed, State
 from pydantic import Field
 
+from prefect_gliner2.flows.context import flow_run_id
 from prefect_gliner2.flows.events import emit_model_event
-from prefect_gliner2.flows.params import TrainingSettings
+from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings, TrainingSettings
 from prefect_gliner2.flows.report_text import artifact_key
-from prefect_gliner2.flows.train import default_storage, train_flow
+from prefect_gliner2.flows.train import DEFAULT_CHECKPOINTING, DEFAULT_EXECUTION, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
+from prefect_gliner2.runtime.prepare import default_storage
 from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, EVAL_KEYS, greater_is_better_for
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.tasks.heldout import evaluate_models
@@ -110,10 +112,8 @@ def retrain_flow(
     margin: Annotated[float, Field(ge=0)] = 0.0,
     test_data: str | list[str] | None = None,
     storage: str | None = None,
-    checkpoint_every: Annotated[int, Field(ge=0)] = 100,
-    background_checkpoints: bool = False,
-    cpu_threads: Annotated[int, Field(ge=1)] | None = None,
-    device: str | None = None,
+    checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
+    execution: ExecutionSettings = DEFAULT_EXECUTION,
 ) -> State:
     """Retrain `model_name` when its data (or its training settings or base model) changed, and promote the
     candidate only when it is better.
@@ -133,13 +133,11 @@ def retrain_flow(
         test_data: JSONL path(s) or URL(s) of separate held-out records for the comparison, so it does not reuse
             the data that selected the candidate's best checkpoint.
         storage: Where run directories live (default: $PREFECT_GLINER2_STORAGE or ~/.prefect-gliner2/runs).
-        checkpoint_every: Checkpoint after every N optimizer updates (0: only at epoch ends).
-        background_checkpoints: Write checkpoints while training continues (one checkpoint's size of extra host
-            RAM); see the training flow.
-        cpu_threads: Torch threads in the training and evaluation processes.
-        device: "cpu", "cuda" or "cuda:N" (default: CUDA when available).
+        checkpointing: The training runs' checkpoints: how often, how many kept, written in the background or not
+            (see the training flow).
+        execution: Batches per task, operations sent ahead, the device, and the torch threads of the training and
+            evaluation processes.
     """
-    logger = get_run_logger()
     if metric not in EVAL_KEYS:
         raise ValueError(f"metric {metric!r} is not one of {list(EVAL_KEYS)}; pick one of those (default eval_f1)")
     if greater_is_better is None:
@@ -153,10 +151,9 @@ def retrain_flow(
     current, latest = registry.current(), registry.latest()
     if latest is not None and latest.lineage.get("inputs_fingerprint") == inputs:
         return _unchanged(registry, latest, current, fingerprint)
-
     run_key = retrain_run_key(model_name, inputs, current)
     changed = "dataset" if latest is None or latest.lineage.get("data_fingerprint") != fingerprint else "settings"
-    logger.info(
+    get_run_logger().info(
         "new %s for %s (dataset %s): training candidate run %s from %s",
         changed,
         model_name,
@@ -171,19 +168,12 @@ def retrain_flow(
         config=config,
         run_key=run_key,
         storage=storage or default_storage(),
-        checkpoint_every=checkpoint_every,
-        background_checkpoints=background_checkpoints,
-        cpu_threads=cpu_threads,
-        device=device,
         init_weights=current.uri if current is not None else None,
+        checkpointing=checkpointing,
+        execution=execution,
     )
-    models = {"candidate": str(summary["export"])}
-    if current is not None:
-        models["current"] = current.uri
     comparison = _comparison(test_data, valid_data)
-    scores = evaluate_models(
-        models, base_model, comparison["data"], training.to_dict(), cpu_threads=cpu_threads or 1, device=device
-    )
+    scores = _score_candidate(str(summary["export"]), current, base_model, comparison, training, execution)
     promote, reason = decide(
         scores["candidate"],
         scores.get("current") if current is not None else None,
@@ -197,26 +187,67 @@ def retrain_flow(
         "inputs_fingerprint": inputs,
         "model_name": model_name,
         "base_model": base_model,
+        **_training_lineage(scores, current, summary, run_key, comparison),
+        "config": training.to_dict(),
+        "metric": metric,
+        "greater_is_better": greater_is_better,
+        "margin": margin,
+        "promoted": promote,
+        "reason": reason,
+    }
+    return _register(registry, str(summary["export"]), lineage, current, metric)
+
+
+def _score_candidate(
+    candidate: str,
+    current: ModelVersion | None,
+    base_model: str,
+    comparison: dict[str, Any],
+    training: Any,
+    execution: ExecutionSettings,
+) -> dict[str, dict[str, Any]]:
+    """The candidate's and the current model's scores on the comparison records, in a child process."""
+    models = {"candidate": candidate}
+    if current is not None:
+        models["current"] = current.uri
+    threads = execution.cpu_threads or 1
+    return evaluate_models(
+        models, base_model, comparison["data"], training.to_dict(), cpu_threads=threads, device=execution.device
+    )
+
+
+def _training_lineage(
+    scores: dict[str, dict[str, Any]],
+    current: ModelVersion | None,
+    summary: dict[str, Any],
+    run_key: str,
+    comparison: dict[str, Any],
+) -> dict[str, Any]:
+    """Where the candidate came from (its weights, the version it started from, its plan and run), what the models
+    were compared on, their metrics, and the candidate's training outcome."""
+    return {
         "base_model_hash": scores["candidate"]["base_model_hash"],
         "weights_sha256": scores["candidate"]["weights_sha256"],
         "init_weights": current.version if current is not None else None,
         "manifest_fingerprint": summary["content_address"],
         "plan_fingerprint": summary["fingerprint"],
         "run_key": run_key,
-        "flow_run_id": _flow_run_id(),
-        "config": training.to_dict(),
-        "metric": metric,
-        "greater_is_better": greater_is_better,
-        "margin": margin,
+        "flow_run_id": flow_run_id(),
         "comparison_data": comparison["source"],
         "comparison_records_sha256": comparison["sha256"],
         "comparison_records": comparison["records"],
         "metrics": {label: _metrics(values) for label, values in scores.items()},
         "training": {k: summary.get(k) for k in ("total_steps", "best_metric", "best_step", "label")},
-        "promoted": promote,
-        "reason": reason,
     }
-    version = registry.register(str(summary["export"]), lineage)  # lineage first: a crash never loses the decision
+
+
+def _register(
+    registry: ModelRegistry, export: str, lineage: dict[str, Any], current: ModelVersion | None, metric: str
+) -> State:
+    """Register the candidate with its lineage (first: a crash never loses the decision), promote it when decided,
+    announce and report the decision."""
+    version = registry.register(export, lineage)
+    model_name, promote, reason = registry.name, bool(lineage["promoted"]), str(lineage["reason"])
     _label_run({"prefect-gliner2.model": model_name, "prefect-gliner2.version": version.version})
     if promote:
         registry.promote(version.version)
@@ -230,12 +261,12 @@ def retrain_flow(
         "current": now_current.version if now_current is not None else None,
         "previous": current.version if current is not None else None,
         "reason": reason,
-        "data_fingerprint": fingerprint,
-        "run_key": run_key,
+        "data_fingerprint": lineage["data_fingerprint"],
+        "run_key": lineage["run_key"],
         "metrics": lineage["metrics"],
     }
     _report(outcome, metric)
-    logger.info("%s %s: %s", model_name, version.version, reason)
+    get_run_logger().info("%s %s: %s", model_name, version.version, reason)
     message = (
         f"promoted {model_name} {version.version}"
         if promote
@@ -313,7 +344,7 @@ def _emit_decision(
             "data_fingerprint": lineage.get("data_fingerprint"),
             "metrics": lineage.get("metrics"),
             "run_key": lineage.get("run_key"),
-            "flow_run_id": _flow_run_id(),
+            "flow_run_id": flow_run_id(),
         },
     )
 
@@ -324,11 +355,11 @@ def _label_run(labels: dict[str, Any]) -> None:
 
     from prefect.client.orchestration import get_client
 
-    flow_run_id = _flow_run_id()
-    if flow_run_id is None:
+    current = flow_run_id()
+    if current is None:
         return
     with get_client(sync_client=True) as client:
-        client.update_flow_run_labels(UUID(flow_run_id), labels)
+        client.update_flow_run_labels(UUID(current), labels)
 
 
 def _report(outcome: dict[str, Any], metric: str) -> None:
@@ -367,10 +398,3 @@ def _report(outcome: dict[str, Any], metric: str) -> None:
 def _cells(scores: Mapping[str, Any], metric: str) -> str:
     keys = ("eval_f1", "eval_precision", "eval_recall", metric)
     return " | ".join("" if scores.get(k) is None else f"{float(scores[k]):.4g}" for k in keys)
-
-
-def _flow_run_id() -> str | None:
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    return str(context.flow_run.id) if context is not None and context.flow_run is not None else None

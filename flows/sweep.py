@@ -42,7 +42,7 @@ from pydantic import Field, ValidationError
 from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.prefect_ui import run_logger
 from prefect_gliner2.flows.report_text import artifact_key
-from prefect_gliner2.flows.train import default_storage
+from prefect_gliner2.runtime.prepare import default_storage
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, SweepIncompleteError

@@ -1,6 +1,6 @@
-"""The Prefect-free machinery under the flows and tasks: the session worker (client, child process and the typed
-protocol between them), the run directory, the run-key lease, the live-run table, the unit schedule, model sources,
-the retry rule and test fault plans.
+"""The Prefect-free machinery under the flows and tasks: a run's lifecycle (prepare, open, finish), the session
+worker (client, child process and the typed protocol between them), the run directory, the run-key lease, the
+live-run table, the unit schedule, model sources, the retry rule and test fault plans.
 
 Nothing here imports prefect; torch loads only in the worker child process.
 """

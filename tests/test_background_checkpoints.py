@@ -26,10 +26,12 @@ from support.flow import (
     flow_child,
     installed_faults,
     make_space,
+    merge_params,
     reference_export,
     run_flow,
     space_params,
     wait_for_marker,
+    with_threads,
 )
 from support.processes import kill9, pid_gone
 
@@ -121,7 +123,8 @@ def test_a_failed_background_write_is_raised_and_never_committed(space: dict[str
 
 
 def _flow(space: dict[str, Any], run_key: str, **extra: Any) -> dict[str, Any]:
-    return space_params(space, run_key, keep_checkpoints=None, background_checkpoints=True, **extra)
+    checkpointing = {"keep_checkpoints": None, "background_checkpoints": True}
+    return merge_params(space_params(space, run_key, checkpointing=checkpointing), extra)
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -133,7 +136,7 @@ def test_background_flow_is_bit_identical_and_commits_every_checkpoint(space: di
     original = checkpoint_tasks.emit_event
     checkpoint_tasks.emit_event = lambda **kw: events.append(kw["payload"]["name"]) or original(**kw)  # type: ignore[assignment]
     try:
-        summary = run_flow(**_flow(space, "bg-pipelined", pipeline_depth=2))
+        summary = run_flow(**_flow(space, "bg-pipelined", execution={"pipeline_depth": 2}))
     finally:
         checkpoint_tasks.emit_event = original  # type: ignore[assignment]
     direct = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "direct")
@@ -165,7 +168,9 @@ def test_early_stopping_commits_the_background_checkpoint_then_the_final_one(spa
         early_stopping_patience=1,
         early_stopping_threshold=1e9,
     )
-    params = {**_flow(space, "bg-early", pipeline_depth=2), "config": cfg, "checkpoint_every": 1}
+    params = _flow(
+        space, "bg-early", execution={"pipeline_depth": 2}, config=cfg, checkpointing={"checkpoint_every": 1}
+    )
     summary = run_flow(**params)
     assert summary["stopped_early"] and summary["total_steps"] == 2
     run = space["root"] / "runs" / "bg-early"
@@ -293,9 +298,9 @@ def test_a_flow_retry_lets_the_write_in_flight_finish_before_cleaning_debris(
         (Fault.pause("checkpoint-write", 7, 6.0), Fault.fail("unit", 8, once=str(tmp_path / "raised"))),
         markers=str(tmp_path),
     )
-    params = {k: v for k, v in _flow(space, "bg-flow-retry").items()}
+    params = with_threads(_flow(space, "bg-flow-retry"))
     with installed_faults(plan):
-        summary = train_flow.with_options(retries=1)(**params, cpu_threads=THREADS)
+        summary = train_flow.with_options(retries=1)(**params)
     assert (tmp_path / "raised").exists() and (tmp_path / "checkpoint-write-7").exists()
     assert summary["worker_starts"] == 1
     direct = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "direct")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefect.exceptions import ParameterBindError
 
 from prefect_gliner2.flows.cli import main
 from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
@@ -71,7 +72,7 @@ def flow_params(root: Path, **overrides: Any) -> dict[str, Any]:
         config=training_config(),
         run_key="fresh",
         storage=str(root / "runs"),
-        cpu_threads=1,
+        execution={"cpu_threads": 1},
     )
     values.update(overrides)
     return values
@@ -171,7 +172,13 @@ CASES: list[Any] = [
         "validation",
         ["learning_rate_schedule"],
     ),
-    ("flow: pipeline_depth out of range", _flow(pipeline_depth=65), "validation", ["pipeline_depth"]),
+    ("flow: pipeline_depth out of range", _flow(execution={"pipeline_depth": 65}), "validation", ["pipeline_depth"]),
+    (
+        "flow: a flat run setting of the earlier signature",
+        _flow(checkpoint_every=2),
+        ParameterBindError,
+        ["unexpected keyword argument 'checkpoint_every'"],
+    ),
     ("flow: unknown built-in model", _flow(model="tiny:gpt"), ConfigError, ["unknown built-in model"]),
     (
         "flow: nonexistent model directory",

@@ -210,59 +210,66 @@ def test_flow_and_cli_modules_do_not_import_torch() -> None:
     assert done.stdout.strip().splitlines()[-1] == "none"
 
 
-def test_the_flow_reuses_the_run_its_caller_prepared(
-    files: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Within use_prepared, the flow's preparation returns the caller's run for the same inputs and plans anew for
-    any other inputs."""
-    from prefect_gliner2.flows import train as train_flow_module
+def test_a_recorded_manifest_is_what_a_run_key_resumes(files: dict[str, str], tmp_path: Path) -> None:
+    """record_manifest (the CLI, before a flow run exists) writes a new run's manifest once, under the lease; the
+    run key alone then prepares exactly that plan, and another plan under the key is refused, nothing written."""
+    from prefect_gliner2.runtime.errors import RunConflictError
+    from prefect_gliner2.runtime.prepare import prepare_run, record_manifest
 
     storage, cfg = str(tmp_path / "runs"), TrainingConfig.from_dict(training_config())
-    prepared = train_flow_module.prepare_run("tiny:span", files["train"], files["valid"], cfg, "once", storage)
-    assert prepared.has_validation and prepared.manifest is not None
-    calls: list[tuple[object, ...]] = []
-    real_prepare_run = train_flow_module.prepare_run
-
-    def counting_prepare_run(*args: object) -> object:
-        calls.append(args)
-        return real_prepare_run(*args)
-
-    monkeypatch.setattr(train_flow_module, "prepare_run", counting_prepare_run)
-    same = ("tiny:span", files["train"], files["valid"], TrainingConfig.from_dict(training_config()), "once", storage)
-    with train_flow_module.use_prepared(prepared):
-        assert train_flow_module._prepare(*same) is prepared
-        assert calls == []
-        other = train_flow_module._prepare("tiny:span", files["train"], None, cfg, "once", storage)
-        assert other is not prepared and not other.has_validation and len(calls) == 1
-        elsewhere = train_flow_module._prepare(*same[:5], str(tmp_path / "other"))
-        assert elsewhere is not prepared and len(calls) == 2
-    assert train_flow_module._prepare(*same) is not prepared and len(calls) == 3
+    prepared = prepare_run("tiny:span", files["train"], files["valid"], cfg, "once", storage)
+    assert not prepared.run_dir.exists("manifest.json")
+    assert record_manifest(prepared) is True and record_manifest(prepared) is False
+    assert prepared.run_dir.read_bytes("manifest.json") == prepared.manifest
+    resumed = prepare_run("tiny:span", None, None, None, "once", storage)
+    assert resumed.manifest is None and resumed.has_validation
+    assert (resumed.plan.fingerprint, resumed.content_address) == (prepared.plan.fingerprint, prepared.content_address)
+    other = prepare_run("tiny:span", files["train"], None, cfg, "once", storage)
+    with pytest.raises(RunConflictError, match="already holds a different manifest"):
+        record_manifest(other)
+    assert prepared.run_dir.read_bytes("manifest.json") == prepared.manifest
 
 
-def test_train_plans_the_run_once(
+def test_train_plans_before_the_flow_run_and_the_flow_resumes_that_plan(
     prefect_server: str,  # noqa: F811
     files: dict[str, str],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The CLI plans to report bad input before a flow run exists; the flow run it starts uses that plan."""
-    from prefect_gliner2.flows import train as train_flow_module
+    """The CLI plans to report bad input before a flow run exists and records the manifest; the flow run it starts
+    is given the run key, not the data, and trains that plan."""
+    from uuid import UUID
 
-    plans: list[str] = []
-    real_prepare_run = train_flow_module.prepare_run
+    from prefect.client.orchestration import get_client
 
-    def counting_prepare_run(*args: object) -> object:
-        run = real_prepare_run(*args)
-        plans.append(run.plan.fingerprint)
-        return run
+    from prefect_gliner2.runtime.prepare import prepare_run
 
-    monkeypatch.setattr(train_flow_module, "prepare_run", counting_prepare_run)
-    argv = _train_args(files, **{"--run-key": "cli-once", "--storage": str(tmp_path / "runs")})
+    storage = str(tmp_path / "runs")
+    argv = _train_args(files, **{"--run-key": "cli-once", "--storage": storage})
     assert main([*argv, "--export", str(tmp_path / "model"), "--cpu-threads", "1", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert len(plans) == 1 and summary["fingerprint"] == plans[0]
-    assert summary["export"] == str(tmp_path / "model")
+    planned = prepare_run(
+        "tiny:span", files["train"], files["valid"], TrainingConfig.from_file(files["config"]), "x", storage
+    )
+    assert summary["fingerprint"] == planned.plan.fingerprint and summary["export"] == str(tmp_path / "model")
+    with get_client(sync_client=True) as client:
+        parameters = client.read_flow_run(UUID(summary["flow_run_id"])).parameters
+    assert parameters["run_key"] == "cli-once" and parameters["storage"] == storage
+    assert (parameters["train_data"], parameters["valid_data"], parameters["config"]) == (None, None, None)
+    assert parameters["checkpointing"]["checkpoint_every"] == 100 and parameters["execution"]["cpu_threads"] == 1
+
+
+def test_a_config_the_run_would_refuse_is_refused_before_anything_is_written(
+    files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Early stopping without validation data: exit 2 with the session's message, no run directory (a manifest
+    left behind would refuse the corrected command under the same run key)."""
+    config = tmp_path / "early.json"
+    config.write_text(json.dumps(training_config(early_stopping=True)))
+    argv = ["train", "--model", "tiny:span", "--train", files["train"], "--config", str(config)]
+    assert main([*argv, "--run-key", "early", "--storage", str(tmp_path / "runs")]) == 2
+    assert "early_stopping=True needs eval_examples" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "early").exists()
 
 
 # ---- evaluate ------------------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
             "valid_data": write_jsonl(data / "valid.jsonl", tiny_records(2, seed=99)),
             "config": form_config(num_epochs=1),
             "run_key": "pool-train",
-            "cpu_threads": THREADS,
+            "execution": {"cpu_threads": THREADS},
         },
     )
     worker = subprocess.run(
@@ -190,7 +190,7 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
             "valid_data": inputs["valid"],
             "registry_root": str(tmp_path / "registry"),
             "config": form_config(num_epochs=1),
-            "cpu_threads": THREADS,
+            "execution": {"cpu_threads": THREADS},
         }
     }
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
@@ -222,7 +222,7 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
             "valid_data": inputs["valid"],
             "config": form_config(num_epochs=1),
             "run_key": "served-train",
-            "cpu_threads": THREADS,
+            "execution": {"cpu_threads": THREADS},
         },
     )
     nightly = run_deployment(RETRAIN, timeout=0)

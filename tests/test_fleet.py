@@ -176,8 +176,8 @@ def test_a_lost_host_is_marked_crashed_and_its_retry_on_another_worker_resumes_e
                     "config": TrainingSettings.model_validate(cfg).model_dump(mode="json"),  # the run form's
                     "run_key": "lost-host",
                     "storage": f"{s3_bucket}/runs",
-                    "checkpoint_every": 1,
-                    "cpu_threads": THREADS,
+                    "checkpointing": {"checkpoint_every": 1},
+                    "execution": {"cpu_threads": THREADS},
                 },
             )
         wait_for_marker(markers, "batch-9", None, timeout=300)
@@ -227,7 +227,7 @@ def test_a_sweep_of_four_keys_trains_two_at_once_over_both_workers(
             "valid_data": inputs["valid"],
             "config": training_config(metric_for_best="eval_loss", num_epochs=3),
             "storage": f"{s3_bucket}/runs",
-            "cpu_threads": THREADS,
+            "execution": {"cpu_threads": THREADS},
         },
         "points": [{"seed": seed} for seed in (1, 2, 3, 4)],
         "sweep_key": "fleet4",

@@ -68,8 +68,8 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         config=training_config(),
         run_key="span-full",
         storage=str(storage),
-        checkpoint_every=2,
-        keep_checkpoints=None,  # every checkpoint kept: the layout below lists them all
+        # every checkpoint kept: the layout below lists them all
+        checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
     )
     reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
@@ -104,8 +104,8 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         config=training_config(),
         run_key="span-full",
         storage=str(storage),
-        checkpoint_every=2,
-        keep_checkpoints=None,  # every checkpoint kept: the layout below lists them all
+        # every checkpoint kept: the layout below lists them all
+        checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
     )
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
 
@@ -154,10 +154,8 @@ def test_boundary_lora_grouped_and_pipelined_matches_direct_run(space: dict[str,
             config=cfg,
             run_key="boundary-lora",
             storage=str(space["root"] / "runs"),
-            checkpoint_every=2,
-            batches_per_task=3,
-            pipeline_depth=2,
-            keep_checkpoints=None,
+            checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
+            execution={"batches_per_task": 3, "pipeline_depth": 2},
         )
     reference = reference_export(space["boundary"], space["inputs"], cfg, space["root"] / "ref-boundary-lora")
     assert (Path(summary["export"]) / "adapter").is_dir()
@@ -189,7 +187,7 @@ def test_worker_death_and_transient_errors_are_retried_exactly(space: dict[str, 
             config=cfg,
             run_key="span-lora-faults",
             storage=str(space["root"] / "runs"),
-            checkpoint_every=1,
+            checkpointing={"checkpoint_every": 1},
         )
     assert (tmp_path / "died").exists() and (tmp_path / "raised").exists()
     assert summary["worker_starts"] == 3
@@ -211,8 +209,8 @@ def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], 
             config=training_config(),
             run_key="span-flow-retry",
             storage=str(space["root"] / "runs"),
-            checkpoint_every=0,
-            cpu_threads=1,
+            checkpointing={"checkpoint_every": 0},
+            execution={"cpu_threads": 1},
         )
     assert (tmp_path / "raised").exists() and summary["worker_starts"] == 1
     assert summary["resumed_from_batch"] == 6  # the epoch-end checkpoint after batch 5
@@ -234,7 +232,7 @@ def test_a_cache_hit_after_restore_cannot_skip_work(
         config=training_config(),
         run_key="span-cache",
         storage=str(space["root"] / "runs"),
-        checkpoint_every=0,
+        checkpointing={"checkpoint_every": 0},
     )
     with installed_faults(FaultPlan((Fault.fail("unit", 9, once=str(tmp_path / "raised")),))):
         with pytest.raises(RuntimeError, match="injected transient failure"):
@@ -291,7 +289,7 @@ def test_early_stopping_is_checkpointed_and_exports_the_best(space: dict[str, An
         config=cfg,
         run_key="boundary-early",
         storage=str(space["root"] / "runs"),
-        checkpoint_every=0,
+        checkpointing={"checkpoint_every": 0},
     )
     assert summary["stopped_early"] and summary["total_steps"] == 2
     cursor = json.loads((space["root"] / "runs" / "boundary-early" / "cursor.json").read_text())
@@ -317,7 +315,7 @@ def test_refusals(space: dict[str, Any]) -> None:
     busy = RunDirectory(storage, "busy")
     busy.create()
     with RunLease(busy, flow_run_id="someone-else"), pytest.raises(RunLockedError, match="in use by another live run"):
-        run_flow(**base, run_key="busy", lease_wait=0)
+        run_flow(**base, run_key="busy", lease={"lease_wait": 0})
     assert not any(name.startswith("step-") for name in os.listdir(busy.path + "/checkpoints"))
 
 
@@ -341,8 +339,8 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
             config=training_config(),
             run_key="span-tampered",
             storage=str(storage),
-            checkpoint_every=2,
-            keep_checkpoints=None,  # the checkpoint tampered with below must still be there
+            # the checkpoint tampered with below must still be there
+            checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
         )
         shutil.rmtree(storage / "span-tampered" / "export")
     run = storage / "span-tampered"
@@ -361,7 +359,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
             config=training_config(),
             run_key="span-tampered",
             storage=str(storage),
-            checkpoint_every=2,
+            checkpointing={"checkpoint_every": 2},
         )
     flow_run_id = json.loads((run / ".lease").read_text())["flow_run_id"]
     assert [t for t in _task_runs(flow_run_id) if t.name.startswith("batches")] == []
@@ -418,8 +416,8 @@ def test_validation_best_f1_equals_the_f1_of_the_exported_best_model(space: dict
         config=cfg,
         run_key="span-f1",
         storage=str(space["root"] / "runs"),
-        checkpoint_every=100,
-        batches_per_task=6,
+        checkpointing={"checkpoint_every": 100},
+        execution={"batches_per_task": 6},
     )
     assert summary["metric_for_best"] == "eval_f1" and summary["label"] == "best"
     records = [json.loads(line) for line in Path(inputs["valid"]).read_text().splitlines()]

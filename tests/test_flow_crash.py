@@ -68,7 +68,7 @@ def test_kill_9_of_the_flow_process_then_resume_is_exact(space: dict[str, Any], 
         config=training_config(),
         run_key="crash-boundary",
         storage=str(storage),
-        checkpoint_every=2,
+        checkpointing={"checkpoint_every": 2},
     )
     # 12 batches, updates after odd batches, checkpoints after batches 3, 5 (epoch end), 7 and 11, validation 5, 11.
     worker, _ = _crash_at(params, "batch:7", space["root"] / "m1", prefect_server)  # mid-window: batch 6 pending
@@ -108,7 +108,7 @@ def test_prefect_flow_run_retry_of_a_crashed_run_resumes_exactly(space: dict[str
     from prefect.states import Crashed
 
     cfg = training_config(use_lora=True)
-    params = space_params(space, "crash-retry", config=cfg, checkpoint_every=1)
+    params = space_params(space, "crash-retry", config=cfg, checkpointing={"checkpoint_every": 1})
     worker, _ = _crash_at(params, "batch:8", space["root"] / "m6", prefect_server)
     assert pid_gone(worker)
     lease = json.loads((space["root"] / "runs" / "crash-retry" / ".lease").read_text())  # who held the run key

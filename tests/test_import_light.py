@@ -1,5 +1,5 @@
-"""Planning, storage and checkpoint files, event names and report text import no torch, numpy, transformers,
-gliner2 or prefect."""
+"""Planning, storage and checkpoint files, event names and report text, the run lifecycle and the console script
+import no torch, numpy, transformers, gliner2 or prefect."""
 
 from __future__ import annotations
 
@@ -81,6 +81,19 @@ def _heavy_after_import(module: str) -> str:
 def test_event_names_and_report_text_import_no_heavy_modules() -> None:
     """What an automation matches on (event names, resources, payloads) and what the reports say need no Prefect."""
     for module in ("prefect_gliner2.runtime.events", "prefect_gliner2.flows.report_text"):
+        assert _heavy_after_import(module) == "[]", module
+
+
+def test_the_run_lifecycle_and_the_cli_import_no_heavy_modules() -> None:
+    """Preparing, opening and finishing a run, the run form's models and the console script need no Prefect or
+    torch until a command runs (runtime.run reaches Prefect only through the hooks a flow passes in)."""
+    modules = (
+        "prefect_gliner2.runtime.prepare",
+        "prefect_gliner2.runtime.run",
+        "prefect_gliner2.flows.params",
+        "prefect_gliner2.flows.cli",
+    )
+    for module in modules:
         assert _heavy_after_import(module) == "[]", module
 
 

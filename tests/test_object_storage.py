@@ -64,7 +64,11 @@ def test_a_run_on_s3_exports_the_reference_bits_and_keeps_bounded_checkpoints(
     cfg = training_config()
     summary = run_flow(
         **space_params(
-            space, "s3-span", config=cfg, storage=f"{s3_bucket}/runs", checkpoint_every=1, keep_checkpoints=2
+            space,
+            "s3-span",
+            config=cfg,
+            storage=f"{s3_bucket}/runs",
+            checkpointing={"checkpoint_every": 1, "keep_checkpoints": 2},
         )
     )
     assert summary["export"].startswith("s3://")
@@ -153,8 +157,7 @@ def test_kills_during_uploads_and_pruning_on_s3_then_an_immediate_flow_run_retry
         config=training_config(),
         run_key="s3-chaos",
         storage=f"{s3_bucket}/runs",
-        checkpoint_every=1,
-        keep_checkpoints=1,
+        checkpointing={"checkpoint_every": 1, "keep_checkpoints": 1},
     )
     run_dir = RunDirectory(f"{s3_bucket}/runs", "s3-chaos")
     fs, _ = fsspec.core.url_to_fs(s3_bucket)
@@ -217,7 +220,7 @@ def test_the_prefect_api_decides_whether_a_lease_holder_is_gone() -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
-    from prefect_gliner2.flows.train import holder_flow_run_gone
+    from prefect_gliner2.flows.context import holder_flow_run_gone
 
     @flow(name="lease-holder")
     def holder() -> None:

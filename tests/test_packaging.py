@@ -28,6 +28,7 @@ _IMPORTS = """
 import importlib.resources, importlib.util, json, sys
 import flows, tasks
 import prefect_gliner2, prefect_gliner2.deployments, prefect_gliner2.flows.train, prefect_gliner2.tasks.training
+import prefect_gliner2.flows.cli
 print(json.dumps({
     "user": [flows.OWNER, tasks.OWNER, flows.__file__, tasks.__file__],
     "plugin": [m.__file__ for m in (prefect_gliner2, prefect_gliner2.flows.train, prefect_gliner2.tasks.training)],
@@ -68,6 +69,7 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     for folder in PRODUCT_FOLDERS:
         assert f"prefect_gliner2/{folder}/__init__.py" in names, folder
     assert "prefect_gliner2/deployments/prefect.yaml" in names
+    assert "prefect_gliner2/flows/cli/train.py" in names  # the console script's package, one module per command
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()
     assert "prefect-gliner2 = prefect_gliner2.flows.cli:main" in entry_points
 

@@ -19,7 +19,7 @@ from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
 
 from support.config import training_config
-from support.flow import ROOT, make_inputs
+from support.flow import ROOT, make_inputs, merge_params
 from support.processes import serving
 
 NAME = "gliner2-train/form-check"
@@ -86,10 +86,9 @@ def _params(served: dict[str, Any], **overrides: Any) -> dict[str, Any]:
         "valid_data": served["inputs"]["valid"],
         "config": {"precision": "fp32", "num_epochs": 1},
         "run_key": "form",
-        "cpu_threads": 1,
+        "execution": {"cpu_threads": 1},
     }
-    values.update(overrides)
-    return values
+    return merge_params(values, overrides)
 
 
 # (case, config or other parameters, a word of the server's refusal)
@@ -108,7 +107,10 @@ SERVER_REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("internal field output_dir", {"config": {"output_dir": "/tmp/x"}}, "output_dir"),
     ("native fp16 field", {"config": {"fp16": True}}, "fp16"),
     ("empty LoRA targets", {"config": {"advanced": {"lora_target_modules": []}}}, "lora_target_modules"),
-    ("unknown device", {"device": "gpu"}, "device"),
+    ("unknown device", {"execution": {"device": "gpu"}}, "device"),
+    ("pipeline depth out of range", {"execution": {"pipeline_depth": 65}}, "pipeline_depth"),
+    ("checkpoint retention zero", {"checkpointing": {"keep_checkpoints": 0}}, "keep_checkpoints"),
+    ("unknown lease field", {"lease": {"ttl": 5}}, "ttl"),
     ("model missing", {"model": None}, "model"),
 ]
 
@@ -143,7 +145,7 @@ RUN_REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "bf16 on the CPU",
-        {"device": "cpu", "config": {"precision": "bf16"}},
+        {"execution": {"device": "cpu"}, "config": {"precision": "bf16"}},
         ["bf16=True needs a CUDA device with native bf16"],
     ),
 ]
@@ -239,7 +241,7 @@ def test_background_checkpoints_is_an_opt_in_flow_parameter_that_states_its_ram_
     """A flow parameter (how checkpoints are written, not what is trained: it is not part of the training config
     or the plan, so a resumed run may switch it), off by default, described on the form with its memory cost."""
     schema = train_flow.parameters.model_dump(mode="json")
-    field = schema["properties"]["background_checkpoints"]
+    field = schema["definitions"]["CheckpointSettings"]["properties"]["background_checkpoints"]
     assert field["default"] is False and field["type"] == "boolean"
     description = " ".join(field["description"].split())
     assert "one checkpoint's size of extra host RAM" in description

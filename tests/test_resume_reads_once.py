@@ -56,8 +56,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         valid_data=space["inputs"]["valid"],
         config=training_config(),
         storage=str(storage),
-        checkpoint_every=2,
-        keep_checkpoints=None,
+        checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
     )
     summary = run_flow(**base, run_key="reference")
     return {"base": base, "storage": storage, "export": summary["export"]}

@@ -51,7 +51,7 @@ def _retrain(root: Path, train: str, valid: str, **overrides: Any) -> dict[str, 
         base_model="tiny:span",
         config=training_config(num_epochs=1),
         storage=str(root / "runs"),
-        cpu_threads=THREADS,
+        execution={"cpu_threads": THREADS},
         metric="eval_loss",  # tiny models trained this briefly extract nothing: F1 is 0 for every version
     )
     params.update(overrides)
@@ -162,7 +162,10 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     with pytest.raises(RunConflictError, match="init_weights"):
         train_flow(
-            model="tiny:span", run_key=v2.lineage["run_key"], storage=str(tmp_path / "runs"), cpu_threads=THREADS
+            model="tiny:span",
+            run_key=v2.lineage["run_key"],
+            storage=str(tmp_path / "runs"),
+            execution={"cpu_threads": THREADS},
         )
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(8, seed=7))

@@ -190,8 +190,8 @@ def test_a_killed_sweep_resumes_without_duplicates_and_crashed_points_resume_exa
         "valid_data": inputs["valid"],
         "config": training_config(metric_for_best="eval_loss"),
         "storage": str(tmp_path / "runs"),
-        "checkpoint_every": 1,
-        "cpu_threads": THREADS,
+        "checkpointing": {"checkpoint_every": 1},
+        "execution": {"cpu_threads": THREADS},
     }
     points = [{"seed": seed} for seed in (1, 2, 3, 4)]
     params = {"base": base, "points": points, "sweep_key": SWEEP_KEY, "max_parallel": 2, "poll_seconds": 0.5}

@@ -41,7 +41,7 @@ from typing import Any
 from prefect_gliner2.runtime.faults import Fault, FaultPlan, install, uninstall
 
 from support.config import training_config
-from support.flow import export_tensors, make_inputs
+from support.flow import export_tensors, make_inputs, merge_params
 from support.prefect_harness import local_prefect_server
 from support.processes import kill9, pid_gone
 
@@ -60,14 +60,18 @@ LAST = 11
 # task), so kills also land while pre-sent operations are in flight.
 CASES: dict[str, dict[str, Any]] = {
     "boundary": {"model": "tiny:boundary", "lora": False, "flow": {}},
-    "span-lora": {"model": "tiny:span", "lora": True, "flow": {"pipeline_depth": 2}},
+    "span-lora": {"model": "tiny:span", "lora": True, "flow": {"execution": {"pipeline_depth": 2}}},
     "span": {"model": "tiny:span", "lora": False, "flow": {}},
-    "boundary-lora": {"model": "tiny:boundary", "lora": True, "flow": {"batches_per_task": 3, "pipeline_depth": 2}},
+    "boundary-lora": {
+        "model": "tiny:boundary",
+        "lora": True,
+        "flow": {"execution": {"batches_per_task": 3, "pipeline_depth": 2}},
+    },
     # background checkpoints: kills while a checkpoint is written in the worker's background and training goes on
     "span-background": {
         "model": "tiny:span",
         "lora": False,
-        "flow": {"background_checkpoints": True, "pipeline_depth": 1},
+        "flow": {"checkpointing": {"background_checkpoints": True}, "execution": {"pipeline_depth": 1}},
     },
 }
 QUICK_PLAN = {"boundary": ["mid-window"], "span-lora": ["worker"]}
@@ -349,10 +353,10 @@ def run_case(
         valid_data=inputs["valid"],
         config=training_config(use_lora=bool(spec["lora"])),
         storage=str(storage),
-        checkpoint_every=CHECKPOINT_EVERY,
-        cpu_threads=THREADS,
-        **spec["flow"],
+        checkpointing={"checkpoint_every": CHECKPOINT_EVERY},
+        execution={"cpu_threads": THREADS},
     )
+    base = merge_params(base, spec["flow"])
     result = CaseResult(case)
     root.mkdir(parents=True, exist_ok=True)
     markers = Path(tempfile.mkdtemp(prefix="markers-reference-", dir=root))
@@ -429,7 +433,7 @@ def run_chaos(
 
 
 def _background(case: str) -> bool:
-    return bool(CASES[case]["flow"].get("background_checkpoints"))
+    return bool(CASES[case]["flow"].get("checkpointing", {}).get("background_checkpoints"))
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -63,9 +63,9 @@ def storage_faults(root: Path, inputs: dict[str, str], api_url: str) -> list[Fau
         valid_data=inputs["valid"],
         config=training_config(),
         storage=str(storage),
-        checkpoint_every=CHECKPOINT_EVERY,
-        cpu_threads=THREADS,
-        keep_checkpoints=None,  # the faults below pick checkpoints of the reference run by position: keep them all
+        # the faults below pick checkpoints of the reference run by position: keep them all
+        checkpointing={"checkpoint_every": CHECKPOINT_EVERY, "keep_checkpoints": None},
+        execution={"cpu_threads": THREADS},
     )
     reference = run_in_process({**base, "run_key": "reference"})
     finished = storage / "reference"

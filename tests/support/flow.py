@@ -39,21 +39,41 @@ def make_space(root: Path) -> dict[str, Any]:
     }
 
 
+GROUPS = ("checkpointing", "execution", "lease")  # train_flow's parameter groups (flows/params.py)
+
+
 def space_params(space: dict[str, Any], run_key: str, **overrides: Any) -> dict[str, Any]:
     """train_flow parameters for the space's tiny span model on its inputs, the suite's training config,
-    checkpoints every 2 updates under <root>/runs; `overrides` replace or add parameters."""
+    checkpoints every 2 updates under <root>/runs; `overrides` replace or add parameters (a group's fields are
+    merged into the group: ``checkpointing={"keep_checkpoints": None}`` keeps checkpoint_every=2)."""
     from support.config import training_config
 
-    return {
+    base = {
         "model": space["span"],
         "train_data": space["inputs"]["train"],
         "valid_data": space["inputs"]["valid"],
         "config": training_config(),
         "run_key": run_key,
         "storage": str(space["root"] / "runs"),
-        "checkpoint_every": 2,
-        **overrides,
+        "checkpointing": {"checkpoint_every": 2},
     }
+    return merge_params(base, overrides)
+
+
+def merge_params(params: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`params` with `overrides` applied; the fields of a parameter group are merged into that group."""
+    merged = dict(params)
+    for name, value in overrides.items():
+        if name in GROUPS and isinstance(value, dict):
+            merged[name] = {**merged.get(name, {}), **value}
+        else:
+            merged[name] = value
+    return merged
+
+
+def with_threads(params: dict[str, Any]) -> dict[str, Any]:
+    """`params` with the suite's worker thread count unless they set cpu_threads."""
+    return merge_params({"execution": {"cpu_threads": THREADS}}, params)
 
 
 def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
@@ -133,8 +153,7 @@ def assert_same_export(a: str, b: str) -> None:
 def run_flow(**params: Any) -> dict[str, Any]:
     from prefect_gliner2.flows.train import train_flow
 
-    params.setdefault("cpu_threads", THREADS)
-    return train_flow(**params)
+    return train_flow(**with_threads(params))
 
 
 @contextlib.contextmanager
@@ -154,7 +173,7 @@ def flow_child(
     with `plan` installed there (and `env` added to its environment, e.g. object-store credentials)."""
     pythonpath = os.pathsep.join([str(TESTS), str(ROOT)])
     full_env = dict(os.environ, PYTHONPATH=pythonpath, PREFECT_API_URL=api_url, **(env or {}))
-    params = {"cpu_threads": THREADS, **params}
+    params = with_threads(params)
     plan_json = plan.to_json() if plan is not None else ""
     return subprocess.Popen(
         [sys.executable, "-m", "support.flow_child", json.dumps(params), plan_json],

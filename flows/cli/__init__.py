@@ -1,0 +1,56 @@
+"""Console script ``prefect-gliner2``: train, plan, demo and evaluate from a terminal; one module per command.
+
+    prefect-gliner2 train --model DIR_OR_ID --train FILE --valid FILE --config FILE --run-key KEY \\
+                          --storage DIR_OR_URL --export DIR
+    prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
+    prefect-gliner2 demo  [--dir DIR]
+    prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
+
+``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
+through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral server. Re-running the same command
+after a crash resumes exactly. Bad arguments exit with status 2 and a message saying what to fix; a failed run
+exits with 1. ``evaluate`` scores a model's extractions on gold records (per-label precision, recall, F1 and
+support, then the totals) with gliner2's own batched inference, in this process.
+
+A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
+which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from prefect_gliner2.flows.cli import demo, evaluate, plan, train
+from prefect_gliner2.flows.cli.args import UsageError
+from prefect_gliner2.session_core.errors import SessionCoreError
+
+__all__ = ["COMMANDS", "USAGE_ERROR", "main"]
+
+USAGE_ERROR = 2
+COMMANDS = (train, plan, demo, evaluate)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (UsageError, SessionCoreError) as exc:
+        print(f"prefect-gliner2 {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect."
+    )
+    names = ",".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
+    commands = parser.add_subparsers(dest="command", required=True, metavar=f"{{{names}}}")
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser

@@ -1,0 +1,5 @@
+"""``python -m prefect_gliner2.flows.cli``: the console script."""
+
+from prefect_gliner2.flows.cli import main
+
+raise SystemExit(main())

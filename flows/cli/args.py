@@ -1,0 +1,99 @@
+"""Argument helpers shared by the commands: value types, the data arguments, and the input checks that run before
+anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+__all__ = [
+    "UsageError",
+    "check_storage",
+    "data_arguments",
+    "inputs",
+    "non_negative",
+    "one",
+    "positive",
+    "threshold",
+]
+
+
+class UsageError(Exception):
+    """A command-line argument is wrong; exit 2 with this message."""
+
+
+def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
+    """--model, --train (repeatable), --valid (repeatable) and --config."""
+    parser.add_argument("--model", required=True, help="model directory, Hugging Face id, or tiny:span / tiny:boundary")
+    parser.add_argument("--train", required=True, action="append", help="training JSONL path or URL (repeatable)")
+    parser.add_argument("--valid", action="append", help="validation JSONL path or URL (repeatable)")
+    parser.add_argument("--config", required=config_required, help="TrainingConfig fields as a JSON or YAML file")
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def one(paths: list[str] | None) -> str | list[str] | None:
+    """A repeatable path argument as the flows take it: one path, a list of paths, or None."""
+    return paths[0] if paths and len(paths) == 1 else paths
+
+
+def inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
+    """Check the model, data files and config before anything starts; returns (config, train, valid)."""
+    import fsspec
+
+    from prefect_gliner2.runtime.model_sources import check_model_source
+    from prefect_gliner2.session_core import TrainingConfig
+
+    check_model_source(args.model)
+    for role, paths in (("training", args.train), ("validation", args.valid or [])):
+        for path in paths:
+            fs, local = fsspec.core.url_to_fs(path)
+            if not fs.exists(local):
+                raise UsageError(f"{role} data {path!r} does not exist; pass a JSONL file path or URL")
+    config = TrainingConfig.from_file(args.config)
+    if getattr(args, "storage", None):
+        check_storage(args.storage)
+    return config, args.train, args.valid
+
+
+def check_storage(storage: str) -> None:
+    """A local storage path must be (or be creatable as) a directory: find out before a flow run starts."""
+    from prefect_gliner2.session_core.storage import is_local, resolve
+
+    fs, path = resolve(storage)
+    if not is_local(fs):
+        return
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+        raise UsageError(
+            f"--storage {storage!r} cannot hold run directories ({probe!r} is not a writable directory); "
+            "pass a writable directory or fsspec URL"
+        )

@@ -1,0 +1,90 @@
+"""``prefect-gliner2 evaluate``: precision, recall, F1 and support per label of a model's extractions on gold
+records, then the totals, with gliner2's own batched inference, in this process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from prefect_gliner2.flows.cli.args import UsageError, one, positive, threshold
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "evaluate", help="precision, recall and F1 of a model's extractions on gold records"
+    )
+    parser.add_argument("--model", required=True, help="an exported model directory (or tiny:span, a Hugging Face id)")
+    parser.add_argument("--data", required=True, action="append", help="gold JSONL path or URL (repeatable)")
+    parser.add_argument("--threshold", type=threshold, default=0.5, help="span threshold in [0, 1] (default 0.5)")
+    parser.add_argument("--batch-size", type=positive, default=8, help="texts per inference batch (default 8)")
+    parser.add_argument("--json", dest="json_out", help="also write the report (metrics, totals, per label) here")
+    parser.set_defaults(handler=run)
+
+
+def run(args: Any) -> int:
+    import fsspec
+
+    from prefect_gliner2.runtime.model_sources import check_model_source
+    from prefect_gliner2.session_core.pairs import to_pairs
+    from prefect_gliner2.session_core.records import load_records
+
+    check_model_source(args.model)
+    for path in args.data:
+        fs, local = fsspec.core.url_to_fs(path)
+        if not fs.exists(local):
+            raise UsageError(f"data {path!r} does not exist; pass a JSONL file of gold records (path or URL)")
+    pairs = to_pairs(load_records(one(args.data), what="evaluation").examples())
+    if args.json_out and os.path.isdir(args.json_out):
+        raise UsageError(f"--json {args.json_out!r} is a directory; pass a file path for the JSON report")
+    report = _score_model(args.model, pairs, threshold=args.threshold, batch_size=args.batch_size)
+    payload = {"model": args.model, "data": args.data, "threshold": args.threshold, **report.to_dict()}
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=1)
+    print(_report_table(payload))
+    return 0
+
+
+def _score_model(source: str, pairs: list[Any], *, threshold: float, batch_size: int) -> Any:
+    from prefect_gliner2.session_core.evaluation import model_extractor, score_extraction
+
+    model = _load_for_evaluation(source)
+    return score_extraction(pairs, model_extractor(model, threshold=threshold, batch_size=batch_size))
+
+
+def _load_for_evaluation(source: str) -> Any:
+    from prefect_gliner2.runtime.model_sources import load_model
+    from prefect_gliner2.session_core.weights import load_exported_model
+
+    directory = os.path.expanduser(source)
+    if os.path.isdir(directory):
+        if not os.path.isfile(os.path.join(directory, "config.json")):
+            raise UsageError(
+                f"--model {source!r} has no config.json: pass a directory written by export (or save_pretrained)"
+            )
+        return load_exported_model(directory)
+    return load_model(source)
+
+
+def _report_table(report: dict[str, Any]) -> str:
+    """Per-label precision, recall, F1 and support, then the totals."""
+    rows = [(r["kind"], r["label"], r) for r in report["per_label"]]
+    width = max([len(f"{k}/{label}") for k, label, _ in rows] + [len("all (micro)")])
+    head = f"{'label':<{width}}  precision  recall      F1  support"
+
+    def line(name: str, row: dict[str, Any]) -> str:
+        return f"{name:<{width}}  {row['precision']:9.4f}  {row['recall']:6.4f}  {row['f1']:6.4f}  {row['support']:7d}"
+
+    lines = [head, *(line(f"{k}/{label}", r) for k, label, r in rows), "-" * len(head)]
+    lines.append(line("all (micro)", report["total"]))
+    metrics = report["metrics"]
+    lines.append(
+        f"macro F1 {metrics['eval_macro_f1']:.4f} over {len(rows)} label(s); {report['records']} records, "
+        f"threshold {report['threshold']}; tp {report['total']['tp']}, fp {report['total']['fp']}, "
+        f"fn {report['total']['fn']}"
+    )
+    return "\n".join(lines)
