@@ -11,8 +11,10 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   detached), on the same model and the same collated batches, alternating step by step so that both see the same
   machine state; the median of the per-step ratios is printed.
 - checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes, load_state (into a fresh session)
-  vs a raw read of the same bytes (both from the page cache: the files were just written), and the extra peak
-  RSS during each (above the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
+  vs a raw read of the checkpoint's files into one reused buffer (the target's baseline) and into freshly allocated
+  memory (the first touch of every page, which a load into a fresh session pays too), all from the page cache (the
+  files were just written), each pair interleaved `--repeats` times; and the extra peak RSS during each (above
+  the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
 - resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
   then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
@@ -25,8 +27,9 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   cursor names the real-size checkpoint (debris removal, the index-only damage check, the cursor read); its peak
   RSS (`VmHWM`) is printed, with the part added after the imports. Not a whole flow run: no Prefect server, no
   worker, no flow engine.
-- hash speed: sha256 of one buffer in one thread, and the checkpoints' chunked sha256 over the hashing threads,
-  beside a memcpy of the same bytes: what bounds save and load when the page cache makes raw I/O a memcpy.
+- hash speed: sha256 of one buffer in one thread (formats 2-3), BLAKE3 in one thread and as the checkpoints
+  stream it over the hashing threads (format 4), beside a memcpy of the same bytes: what bounds save and load
+  when the page cache makes raw I/O a memcpy.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overl
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import digest as checkpoint_digest  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
+from prefect_gliner2.session_core.checkpoint.format import BLAKE3  # noqa: E402
 from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -167,6 +171,31 @@ def raw_io(size: int, tmp: str) -> tuple[float, float]:
     return write, read
 
 
+def raw_read(folder: Path) -> float:
+    """Seconds to read every file in `folder` into one reused 8 MiB buffer (no hashing, no fresh memory)."""
+    buffer = bytearray(8 << 20)
+    started = time.perf_counter()
+    for path in sorted(folder.iterdir()):
+        with open(path, "rb", buffering=0) as handle:
+            while handle.readinto(buffer):
+                pass
+    return time.perf_counter() - started
+
+
+def raw_read_fresh(folder: Path) -> float:
+    """Seconds to read every file in `folder` into freshly allocated memory of its size (what a load pays besides
+    the copy: the first touch of every page the optimizer moments and gradients land in)."""
+    started = time.perf_counter()
+    for path in sorted(folder.iterdir()):
+        target = torch.empty(path.stat().st_size, dtype=torch.uint8)
+        view = memoryview(target.numpy())
+        with open(path, "rb", buffering=0) as handle:
+            for start in range(0, len(view), 8 << 20):
+                handle.readinto(view[start : start + (8 << 20)])
+        del view, target
+    return time.perf_counter() - started
+
+
 def timed(action: Callable[[], Any]) -> tuple[float, int, int, int]:
     gc.collect()
     before = PeakRss.now()
@@ -198,21 +227,39 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
     ckpt = Path(tmp) / f"ckpt-{arch}"
-    save_s, before, peak, after = timed(lambda: session.save_state(str(ckpt)))
-    size = sum(f.stat().st_size for f in ckpt.iterdir())
-    row.update(checkpoint_bytes=size, save_s=save_s, save_extra_rss=(peak - max(before, after)) / size)
+    saves, raw_writes, raw_reads = [], [], []
+    for repeat in range(args.repeats):  # the same state saved again: save and raw write interleaved
+        target = ckpt if repeat == 0 else Path(tmp) / f"ckpt-{arch}-{repeat}"
+        save_s, before, peak, after = timed(lambda target=target: session.save_state(str(target)))
+        size = sum(f.stat().st_size for f in target.iterdir())
+        saves.append(save_s)
+        row.update(checkpoint_bytes=size, save_extra_rss=(peak - max(before, after)) / size)
+        if repeat:
+            shutil.rmtree(target)
+        if not args.resume_only:
+            raw_writes.append(raw_io(size, tmp)[0])
+    row.update(figures("save_s", saves) | figures("raw_write_s", raw_writes))
+    row.update(ratios("save_ratio", saves, raw_writes))
     session.close()  # drops the model and optimizer: the fresh session below is the only one alive
     gc.collect()
 
     if not args.resume_only:
-        raw_write, raw_read = raw_io(size, tmp)
-        row.update(raw_write_s=raw_write, raw_read_s=raw_read)
-        fresh = new_session(model_dir, cfg, plan, args.device)
-        load_s, before, peak, after = timed(lambda: fresh.load_state(str(ckpt)))
-        row.update(load_s=load_s, load_extra_rss=(peak - max(before, after)) / size)
+        loads, raw_reads, fresh_reads = [], [], []
+        for _ in range(args.repeats):  # interleaved with raw reads of the checkpoint's own files
+            raw_reads.append(raw_read(ckpt))
+            fresh_reads.append(raw_read_fresh(ckpt))
+            fresh = new_session(model_dir, cfg, plan, args.device)
+            gc.collect()
+            load_s, before, peak, after = timed(lambda fresh=fresh: fresh.load_state(str(ckpt)))
+            loads.append(load_s)
+            row.update(load_extra_rss=(peak - max(before, after)) / size)
+            fresh.close()
+            del fresh
+            gc.collect()
+        row.update(figures("load_s", loads) | figures("raw_read_s", raw_reads))
+        row.update(figures("raw_read_fresh_s", fresh_reads) | ratios("load_ratio", loads, raw_reads))
+        row.update(ratios("load_fresh_ratio", loads, fresh_reads))
         progress(row)
-        fresh.close()
-        gc.collect()
         if args.overlap_rounds:
             overlap = checkpoint_overlap(
                 model_dir, arch, tmp, steps=args.steps, rounds=args.overlap_rounds, device=args.device, bf16=args.bf16
@@ -253,17 +300,36 @@ def resume(
         gc.collect()
         return seconds
 
-    fresh_s = start(False)
+    fresh, resumed = [], []
+    for _ in range(args.repeats):  # interleaved: both see the same machine state
+        fresh.append(start(False))
+        resumed.append(start(True))
     index_s = timed(lambda: open_checkpoint(str(ckpt), min_version=1))[0]
     verify_s = timed(lambda: read_checkpoint(str(ckpt)))[0]  # what the flow process read before: for comparison
-    resume_s = start(True)
     return {
-        "fresh_start_s": fresh_s,
-        "resume_s": resume_s,
-        "resume_ratio": resume_s / fresh_s,
+        **figures("fresh_start_s", fresh),
+        **figures("resume_s", resumed),
+        **ratios("resume_ratio", resumed, fresh),
         "index_check_s": index_s,
         "verify_s": verify_s,
     }
+
+
+def figures(key: str, values: list[float]) -> dict[str, Any]:
+    """`key`: the median of `values`; `key`_all: every value (for the spread)."""
+    return {key: statistics.median(values), f"{key}_all": list(values)} if values else {}
+
+
+def ratios(key: str, numerators: list[float], denominators: list[float]) -> dict[str, Any]:
+    """The ratio of each interleaved pair: `key` their median, `key`_all every one."""
+    return figures(key, [n / d for n, d in zip(numerators, denominators, strict=False)])
+
+
+def spread(row: dict[str, Any], key: str) -> str:
+    """'median (min-max)' of a figure measured several times; the median alone when measured once."""
+    values = row.get(f"{key}_all") or [row[key]]
+    text = f"{row[key]:.2f}"
+    return text if len(values) == 1 else f"{text} ({min(values):.2f}-{max(values):.2f})"
 
 
 def flow_side_rss(ckpt: Path, plan: ManagedTrainingPlan, tmp: str) -> dict[str, float]:
@@ -287,7 +353,10 @@ def flow_side_rss(ckpt: Path, plan: ManagedTrainingPlan, tmp: str) -> dict[str, 
 
 
 def hash_speed(size: int = 512 << 20) -> dict[str, float]:
-    """GB/s of sha256 (one thread), of the checkpoints' chunked sha256 (all hashing threads) and of a memcpy."""
+    """GB/s of sha256 (one thread, formats 2-3), of BLAKE3 in one thread and of the checkpoints' BLAKE3 stream over
+    the hashing threads (format 4), and of a memcpy of the same bytes."""
+    import blake3
+
     data = torch.randint(0, 256, (size,), dtype=torch.uint8).numpy()
     view = memoryview(data)
     copy = bytearray(size)  # touched once below so that the memcpy timing sees no page faults
@@ -298,40 +367,53 @@ def hash_speed(size: int = 512 << 20) -> dict[str, float]:
         action()
         return size / (time.perf_counter() - started) / 1e9
 
-    def chunked() -> None:
-        stream = checkpoint_digest.HashStream(checkpoint_digest.HASH_CHUNK_BYTES)
+    def stream() -> None:
+        hashing = checkpoint_digest.HashStream(BLAKE3)
         for start in range(0, size, checkpoint_digest.CHUNK_BYTES):
-            stream.add(view[start : start + checkpoint_digest.CHUNK_BYTES])
-        stream.hexdigest()
+            hashing.add(view[start : start + checkpoint_digest.CHUNK_BYTES])
+        hashing.hexdigest()
 
     return {
         "sha256_gbps": rate(lambda: hashlib.sha256(view).digest()),
-        "chunked_sha256_gbps": rate(chunked),
+        "blake3_gbps": rate(lambda: blake3.blake3(view).digest()),
+        "stream_gbps": rate(stream),
         "memcpy_gbps": rate(lambda: memoryview(copy).__setitem__(slice(None), view)),
         "hash_threads": checkpoint_digest.HASH_THREADS,
     }
 
 
 def print_all(rows: list[dict[str, Any]]) -> None:
-    print(
-        f"{'arch':9} {'params M':>8} {'native s':>8} {'session s':>9} {'step ratio':>10} {'ckpt GB':>7} "
-        f"{'save/raw':>8} {'load/raw':>8} {'save +RAM':>9} {'load +RAM':>9} {'bg vs block':>11} {'resume':>6}"
-    )
+    print(f"{'arch':9} {'params M':>8} {'native s':>8} {'session s':>9} {'step ratio':>10} {'ckpt GB':>7}")
     for r in rows:
         print(
             f"{r['arch']:9} {r['parameters'] / 1e6:8.1f} {r['native_step_s']:8.2f} {r['session_step_s']:9.2f} "
-            f"{r['step_ratio']:10.3f} {r['checkpoint_bytes'] / 1e9:7.2f} {r['save_s'] / r['raw_write_s']:8.2f} "
-            f"{r['load_s'] / r['raw_read_s']:8.2f} {r['save_extra_rss']:8.2f}x {r['load_extra_rss']:8.2f}x "
-            f"{_overlap_cell(r):>11} {r['resume_ratio']:6.2f}"
+            f"{r['step_ratio']:10.3f} {r['checkpoint_bytes'] / 1e9:7.2f}"
         )
     print(
-        f"\n{'arch':9} {'save s':>7} {'raw w s':>7} {'load s':>7} {'raw r s':>7} {'index s':>7} {'verify s':>8} "
-        f"{'fresh s':>7} {'resume s':>8}"
+        f"\n{'arch':9} {'save/raw write':>18} {'load/raw read':>18} {'resume/fresh':>18} {'save +RAM':>9} "
+        f"{'load +RAM':>9} {'bg vs block':>11}"
     )
     for r in rows:
         print(
-            f"{r['arch']:9} {r['save_s']:7.2f} {r['raw_write_s']:7.2f} {r['load_s']:7.2f} {r['raw_read_s']:7.2f} "
-            f"{r['index_check_s']:7.3f} {r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f}"
+            f"{r['arch']:9} {spread(r, 'save_ratio'):>18} {spread(r, 'load_ratio'):>18} "
+            f"{spread(r, 'resume_ratio'):>18} {r['save_extra_rss']:8.2f}x {r['load_extra_rss']:8.2f}x "
+            f"{_overlap_cell(r):>11}"
+        )
+    print("ratios: median (min-max) of interleaved pairs; targets: save <= 1.2, load <= 2, resume <= 1.2")
+    for r in rows:
+        print(
+            f"{r['arch']:9} load vs a raw read into fresh memory (first touch of every page): "
+            f"{spread(r, 'load_fresh_ratio')} ({spread(r, 'raw_read_fresh_s')} s)"
+        )
+    print(
+        f"\n{'arch':9} {'save s':>17} {'raw w s':>17} {'load s':>17} {'raw r s':>17} {'index s':>7} {'verify s':>8} "
+        f"{'fresh s':>17} {'resume s':>17}"
+    )
+    for r in rows:
+        print(
+            f"{r['arch']:9} {spread(r, 'save_s'):>17} {spread(r, 'raw_write_s'):>17} {spread(r, 'load_s'):>17} "
+            f"{spread(r, 'raw_read_s'):>17} {r['index_check_s']:7.3f} {r['verify_s']:8.2f} "
+            f"{spread(r, 'fresh_start_s'):>17} {spread(r, 'resume_s'):>17}"
         )
     print(
         f"\n{'arch':9} {'step s':>7} {'block lost s':>12} {'bg lost s':>9} {'snapshot s':>10} {'bg write s':>10} "
@@ -361,13 +443,14 @@ def print_flow_side(rows: list[dict[str, Any]]) -> None:
 
 def print_resume(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'arch':9} {'params M':>8} {'ckpt GB':>7} {'index s':>7} {'verify s':>8} {'fresh s':>7} {'resume s':>8} "
-        f"{'resume':>6}"
+        f"{'arch':9} {'params M':>8} {'ckpt GB':>7} {'index s':>7} {'verify s':>8} {'fresh s':>17} {'resume s':>17} "
+        f"{'resume/fresh':>18}"
     )
     for r in rows:
         print(
             f"{r['arch']:9} {r['parameters'] / 1e6:8.1f} {r['checkpoint_bytes'] / 1e9:7.2f} {r['index_check_s']:7.3f} "
-            f"{r['verify_s']:8.2f} {r['fresh_start_s']:7.2f} {r['resume_s']:8.2f} {r['resume_ratio']:6.2f}"
+            f"{r['verify_s']:8.2f} {spread(r, 'fresh_start_s'):>17} {spread(r, 'resume_s'):>17} "
+            f"{spread(r, 'resume_ratio'):>18}"
         )
     print("index s: the flow process's damage check now; verify s: the full verification it did before (not run)")
     print_flow_side(rows)
@@ -382,6 +465,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="a small DeBERTa-v3 instead of the real size")
     parser.add_argument("--resume-only", action="store_true", help="only checkpoint bytes and the resume figures")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of save, load and resume")
     parser.add_argument(
         "--overlap-rounds", type=int, default=1, help="rounds of the background vs blocking checkpoint measurement"
     )
@@ -397,8 +481,9 @@ def main() -> None:
     speed = hash_speed()
     print(
         f"load average {os.getloadavg()[0]:.2f} (at the start of each arch: {[r['load_average'] for r in rows]}); "
-        f"sha256 {speed['sha256_gbps']:.2f} GB/s in one thread, chunked sha256 {speed['chunked_sha256_gbps']:.2f} "
-        f"GB/s in {speed['hash_threads']} threads, memcpy {speed['memcpy_gbps']:.2f} GB/s"
+        f"sha256 {speed['sha256_gbps']:.2f} GB/s in one thread, BLAKE3 {speed['blake3_gbps']:.2f} GB/s in one "
+        f"thread and {speed['stream_gbps']:.2f} GB/s as the checkpoints stream it ({speed['hash_threads']} "
+        f"threads), memcpy {speed['memcpy_gbps']:.2f} GB/s"
     )
     if args.resume_only:
         print_resume(rows)

@@ -1,14 +1,15 @@
 """Benchmark report: run the plan, session, flow, chaos and real-size benchmarks side by side in one markdown table.
 
-    python bench/run_all.py                    # ~18 minutes on a 2-core machine (realsize ~10); bench/REPORT.md
-    python bench/run_all.py --skip realsize    # the small-model benchmarks only (~8 minutes)
+    python bench/run_all.py                    # ~70 minutes on a 2-core machine (flow ~40, realsize ~12)
+    python bench/run_all.py --skip realsize    # the small-model benchmarks only
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
     python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
 
-Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py --quick --repeat 2,
-bench/chaos.py, bench/realsize.py: the gliner2-base shape, ~5 GB of RAM); its figures are parsed from its --json
-output where it has one, else from its printed table. The report holds the command, the machine (CPU model, cores,
-torch version), one table of ratios and every script's raw output.
+Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py: the flow against native
+train() at three step times, runs of ~2 min, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the
+gliner2-base shape, ~5 GB of RAM); its figures are parsed from its --json output where it has one, else from its
+printed table. The report holds the command, the
+machine (CPU model, cores, torch version), one table of ratios and every script's raw output.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -111,28 +111,49 @@ def session_rows(rows: list[dict[str, Any]]) -> list[Row]:
     return out
 
 
-_FLOW = re.compile(
-    r"^(?P<case>.+?)\s+(?P<batches>\d+)\s+(?P<a>[\d.]+)s\s+(?P<b>[\d.]+)s\s+(?P<b2>[\d.]+)s\s+"
-    r"(?P<c>[\d.]+)s\s+(?P<ba>[\d.]+)\s+(?P<b2a>[\d.]+)\s+(?P<ca>[\d.]+)\s+(?P<opts>.*)$"
-)
+def _median_range(values: list[float], fmt: str = ".3f") -> str:
+    import statistics
+
+    text = format(statistics.median(values), fmt)
+    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def flow_rows(output: str) -> list[Row]:
+def flow_rows(results: list[dict[str, Any]]) -> list[Row]:
+    """bench/flow.py --json: the flow with default settings against native train(), per case."""
     out: list[Row] = []
-    for line in output.splitlines():
-        m = _FLOW.match(line.strip())
-        if not m:
-            continue
-        case = m["case"].strip()
-        out.append(
+    for r in results:
+        f, (short, long) = r["figures"], r["lengths"]
+        runs = r["runs"]
+        seconds = {v: [x["total"] for x in runs[v][str(long)]] for v in ("native", "flow")}
+        name = f"{r['case']}, native step {r['step_s'] * 1000:.0f} ms"
+        out += [
             (
-                f"flow per-batch tasks vs direct managed run ({case}, {m['batches']} batches)",
-                m["ba"],
-                f"{m['b']} s vs {m['a']} s",
-            )
-        )
-        out.append((f"flow per-batch pipelined vs direct ({case})", m["b2a"], f"{m['b2']} s vs {m['a']} s"))
-        out.append((f"flow grouped + pipelined vs direct ({case}; {m['opts']})", m["ca"], f"{m['c']} s vs {m['a']} s"))
+                f"flow (default settings) vs native ExtractorTrainer.train(), wall time, {long} batches ({name})",
+                _median_range(f["ratio"][str(long)]),
+                f"{_median_range(seconds['flow'], '.1f')} s vs {_median_range(seconds['native'], '.1f')} s; "
+                f"{short} batches: {_median_range(f['ratio'][str(short)])}; validation off in both; target <= 1.05",
+            ),
+            (
+                f"flow vs native, cost per batch (slope over {short} and {long} batches) ({name})",
+                _median_range(f["slope_ratio"]),
+                f"{_median_range([x * 1e3 for x in f['slope']['flow']], '.1f')} vs "
+                f"{_median_range([x * 1e3 for x in f['slope']['native']], '.1f')} ms per batch; fixed "
+                f"{_median_range(f['fixed']['flow'], '.1f')} vs {_median_range(f['fixed']['native'], '.1f')} s; "
+                "target <= 1.05",
+            ),
+            (
+                f"time to first batch, flow vs native ({name})",
+                f"{_median_range(f['first']['flow'], '.1f')} s",
+                f"native {_median_range(f['first']['native'], '.1f')} s (launch to the first batch trained; "
+                "target: flow <= native + 4 s)",
+            ),
+            (
+                f"last batch to exit, flow vs native ({name})",
+                f"{_median_range(f['tail']['flow'], '.1f')} s",
+                f"native {_median_range(f['tail']['native'], '.1f')} s (final checkpoint, export, report; target: "
+                "flow <= 3 s)",
+            ),
+        ]
     return out
 
 
@@ -182,6 +203,34 @@ def chaos_rows(report: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _spread(row: dict[str, Any], key: str) -> str:
+    """'median (min-max)' of a figure bench/realsize.py measured several times (its `key`_all list)."""
+    values = row.get(f"{key}_all") or [row[key]]
+    text = f"{row[key]:.2f}"
+    return text if len(values) == 1 else f"{text} ({min(values):.2f}-{max(values):.2f})"
+
+
+def checkpoint_cost_rows(result: dict[str, Any]) -> list[Row]:
+    import statistics
+
+    def ms(values: list[float]) -> str:
+        ordered = sorted(v * 1000 for v in values)
+        low, high = ordered[len(ordered) // 10], ordered[(len(ordered) * 9) // 10]
+        return f"{statistics.median(ordered):.1f} ms ({low:.1f}-{high:.1f})"
+
+    parts = "; ".join(f"{part} {ms(values)}" for part, values in result["parts"].items())
+    unit = statistics.median(result["unit"])
+    return [
+        (
+            f"fixed cost of one checkpoint, worker save to committed cursor ({result['model']}, "
+            f"{result['bytes'] / 1e6:.1f} MB in {result['files']} files)",
+            f"{unit * 1000:.1f} ms",
+            f"median (10th-90th percentile) over {result['checkpoints']}: {ms(result['unit'])}; {parts}; raw write "
+            f"+ fsync of the same bytes {ms(result['raw_one_file'])}; target < 50 ms",
+        )
+    ]
+
+
 def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
     out: list[Row] = []
     for r in rows:
@@ -194,20 +243,23 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
             ),
             (
                 f"checkpoint save vs raw write+fsync of the same bytes ({name})",
-                f"{r['save_s'] / r['raw_write_s']:.2f}",
-                f"{r['save_s']:.2f} s vs {r['raw_write_s']:.2f} s, {r['checkpoint_bytes'] / 1e9:.2f} GB; "
-                f"extra peak RAM {r['save_extra_rss']:.2f}x the checkpoint",
+                _spread(r, "save_ratio"),
+                f"{_spread(r, 'save_s')} s vs {_spread(r, 'raw_write_s')} s, {r['checkpoint_bytes'] / 1e9:.2f} GB; "
+                f"extra peak RAM {r['save_extra_rss']:.2f}x the checkpoint; target <= 1.2",
             ),
             (
                 f"checkpoint load vs raw read of the same bytes ({name})",
-                f"{r['load_s'] / r['raw_read_s']:.2f}",
-                f"{r['load_s']:.2f} s vs {r['raw_read_s']:.2f} s; extra peak RAM {r['load_extra_rss']:.2f}x",
+                _spread(r, "load_ratio"),
+                f"{_spread(r, 'load_s')} s vs {_spread(r, 'raw_read_s')} s; vs a raw read into fresh memory "
+                f"{_spread(r, 'load_fresh_ratio')} ({_spread(r, 'raw_read_fresh_s')} s); extra peak RAM "
+                f"{r['load_extra_rss']:.2f}x; target <= 2",
             ),
             (
                 f"resume (flow-side index check + verified load + first batch) vs fresh start (first batch) ({name})",
-                f"{r['resume_ratio']:.2f}",
-                f"{r['resume_s']:.2f} s vs {r['fresh_start_s']:.2f} s; the index check {r['index_check_s']:.3f} s "
-                f"(a full verification, no longer done by the flow: {r['verify_s']:.2f} s)",
+                _spread(r, "resume_ratio"),
+                f"{_spread(r, 'resume_s')} s vs {_spread(r, 'fresh_start_s')} s; the index check "
+                f"{r['index_check_s']:.3f} s (a full verification, not done by the flow: {r['verify_s']:.2f} s); "
+                "target <= 1.2",
             ),
             (
                 f"flow-process peak RSS during a resume, flow side alone ({name})",
@@ -256,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)",
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,chaos,realsize"
+        "--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,checkpoint,chaos,realsize"
     )
-    parser.add_argument("--flow-repeat", type=int, default=2, help="runs of each flow variant (minimum kept)")
+    parser.add_argument("--flow-repeat", type=int, default=2, help="interleaved repeats of bench/flow.py's runs")
+    parser.add_argument("--flow-minutes", type=float, default=2.0, help="bench/flow.py's longer run, in minutes")
     parser.add_argument("--device", default="cpu", help="where session.py and flow.py train: cpu or cuda")
     parser.add_argument("--bf16", action="store_true", help="session.py and flow.py in bf16 (CUDA with native bf16)")
     args = parser.parse_args(argv)
@@ -274,10 +327,16 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0:
                 rows += session_rows(json.loads(Path(f"{tmp}/session.json").read_text()))
         if "flow" not in skip:
-            repeat = str(args.flow_repeat)
-            out, _, _ = run("flow.py", "--quick", "--repeat", repeat, *on, timeout=900)
-            raw[f"bench/flow.py --quick --repeat {repeat} {' '.join(on)}"] = out
-            rows += flow_rows(out)
+            flow_args = ["--minutes", str(args.flow_minutes), "--repeat", str(args.flow_repeat), *on]
+            out, _, code = run("flow.py", *flow_args, "--json", f"{tmp}/flow.json", timeout=7200)
+            raw[f"bench/flow.py {' '.join(flow_args)}"] = out
+            if code == 0:
+                rows += flow_rows(json.loads(Path(f"{tmp}/flow.json").read_text()))
+        if "checkpoint" not in skip:
+            out, _, code = run("checkpoint_cost.py", "--json", f"{tmp}/checkpoint.json", timeout=600)
+            raw["bench/checkpoint_cost.py"] = out
+            if code == 0:
+                rows += checkpoint_cost_rows(json.loads(Path(f"{tmp}/checkpoint.json").read_text()))
         if "plan" not in skip:
             out, _, _ = run("plan.py", "--sizes", args.plan_sizes, timeout=900)
             raw[f"bench/plan.py --sizes {args.plan_sizes}"] = out
@@ -288,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             if Path(f"{tmp}/chaos.json").exists():
                 rows += chaos_rows(json.loads(Path(f"{tmp}/chaos.json").read_text()))
         if "realsize" not in skip:
-            out, _, code = run("realsize.py", *on, "--json", f"{tmp}/realsize.json", timeout=1200)
+            out, _, code = run("realsize.py", *on, "--json", f"{tmp}/realsize.json", timeout=2400)
             raw[f"bench/realsize.py {' '.join(on)}"] = out
             if code == 0:
                 rows += realsize_rows(json.loads(Path(f"{tmp}/realsize.json").read_text()))

@@ -5,6 +5,9 @@ the worker computes while Prefect records task runs; each task then joins its pr
 it. The worker executes operations in sending order, so checkpoints still land exactly where the schedule puts
 them; after a worker restart, pre-sent operations are sent again, in order, to the new incarnation.
 
+Task grain (``batches_per_task``, a ``runtime.schedule.TaskGrain``): each advance result tells the grain how long
+the worker took for its batches; an automatic grain then sizes the units formed next (logged when it changes).
+
 Background checkpoints (``background_checkpoints=True``): a checkpoint unit returns once the worker has taken its
 snapshot, and training goes on while the worker writes it. The driver commits it (``commit checkpoint`` task: the
 durable cursor moves, retention prunes, the event is emitted) as soon as its index exists after a later unit, and
@@ -17,11 +20,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from prefect import get_run_logger
+
 from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, Request, ValidateResult
-from prefect_gliner2.runtime.schedule import Unit, unit_op, units
+from prefect_gliner2.runtime.schedule import TaskGrain, Unit, unit_op, units
 from prefect_gliner2.session_core.checkpoint import checkpoint_exists
 from prefect_gliner2.tasks.checkpoints import checkpoint, commit_checkpoint
 from prefect_gliner2.tasks.training import train_batches
@@ -78,7 +83,7 @@ def drive(
     run: LiveRun,
     start: int,
     *,
-    batches_per_task: int,
+    batches_per_task: int | TaskGrain,
     checkpoint_every: int,
     pipeline_depth: int,
     validate_runs: bool,
@@ -92,9 +97,8 @@ def drive(
     With `background_checkpoints`, no checkpoint is left uncommitted when this returns.
     """
     plan = run.plan
-    source = units(
-        plan, start, batches_per_task=batches_per_task, checkpoint_every=checkpoint_every, validate=validate_runs
-    )
+    grain = batches_per_task if isinstance(batches_per_task, TaskGrain) else TaskGrain(batches_per_task)
+    source = units(plan, start, batches_per_task=grain, checkpoint_every=checkpoint_every, validate=validate_runs)
     pending: deque[Unit] = deque()
     sent: dict[Unit, str] = {}
     outcome = DriveResult()
@@ -123,6 +127,7 @@ def drive(
         outcome.units_run += 1
         faults.hit("unit", unit.through)
         if isinstance(result, AdvanceResult):
+            _observe(grain, result)
             reporter.progress(result)
         elif isinstance(result, CheckpointResult):
             checkpoints.record(result)
@@ -135,6 +140,19 @@ def drive(
                 return outcome
         if not isinstance(result, CheckpointResult):
             checkpoints.commit_if_durable()
+
+
+def _observe(grain: TaskGrain, result: AdvanceResult) -> None:
+    """Tell the grain the worker's time for this unit; log when an automatic grain changes."""
+    before = grain.batches
+    grain.observe(result.trained, result.seconds)
+    if grain.batches != before:
+        get_run_logger().info(
+            "batches per task: %d (measured %.3f s per batch; tasks of about %.1f s)",
+            grain.batches,
+            grain.per_batch_seconds or 0.0,
+            grain.batches * (grain.per_batch_seconds or 0.0),
+        )
 
 
 def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str], background: bool) -> None:

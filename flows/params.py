@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT
 from prefect_gliner2.runtime.run import DEFAULT_KEEP_CHECKPOINTS
+from prefect_gliner2.runtime.schedule import AUTO, AUTO_PIPELINE_DEPTH, TARGET_TASK_SECONDS
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.config import DEFAULT_LORA_TARGET_MODULES
 from prefect_gliner2.session_core.errors import (
@@ -314,11 +315,16 @@ class CheckpointSettings(_Form):
 class ExecutionSettings(_Form):
     """How the plan's batches become Prefect tasks, and where the session worker trains."""
 
-    batches_per_task: int = Field(
-        default=1, ge=1, description="Batches per Prefect task (raise it when steps take only a few milliseconds)."
+    batches_per_task: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        default=AUTO,
+        description=f"Batches per Prefect task. auto: start at 1 and grow as batches are timed, so that a task "
+        f"trains for about {TARGET_TASK_SECONDS:g} s and Prefect's cost per task is noise; it never changes what is "
+        "trained. A number pins it.",
     )
-    pipeline_depth: int = Field(
-        default=0, ge=0, le=64, description="Operations sent to the worker ahead of their task (0: none)."
+    pipeline_depth: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        default=AUTO,
+        description=f"Operations sent to the worker ahead of their task, so it trains while Prefect records the "
+        f"previous one (0: none; auto: {AUTO_PIPELINE_DEPTH}).",
     )
     device: str | None = Field(
         default=None, pattern=DEVICE_PATTERN, description='"cpu", "cuda" or "cuda:N" (empty: CUDA when available).'

@@ -7,15 +7,23 @@ the flow's Prefect settings (which API to talk to), so no Prefect context variab
 calls here are public client methods; the one server rule they rely on beyond their documented effect (the
 ``resuming`` mark, see ``set_running_message``) is guarded by tests/test_prefect_rules.py and by the ``prefect``
 range in pyproject.toml (README: "Prefect internals we touch").
+
+Busy servers: on SQLite, a write that reads first (the labels PATCH reads the run, then updates it) fails at once
+when another write commits in between, and the server answers 503. Prefect's client then waits 2, 4, 8 ... s
+before trying again, which held a finished run's last labels update for up to 30 s while the server was still
+recording the run's task states. A lane made with ``own_retries`` turns the client's retries off and its jobs' calls go
+through ``retry_busy``: again after 50 ms, doubling to at most 0.5 s, until done or out of time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -24,10 +32,12 @@ from prefect_gliner2.flows.report_text import artifact_key, finite_or_none
 
 __all__ = [
     "ArtifactSlots",
+    "BusyRetrying",
     "Job",
     "Lane",
     "flow_run_name",
     "propose_running_message",
+    "retry_busy",
     "run_logger",
     "set_running_message",
 ]
@@ -35,16 +45,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 Job = Callable[[Any], Any]  # called with the lane's SyncPrefectClient
 ARTIFACT_TYPES = {"progress": "progress", "validation": "table"}  # anything else is markdown
+#: Pauses between attempts of a call the server refused as busy (see the module docstring), the last one repeated.
+BUSY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
+#: Answers that mean "busy, try again": 503 (SQLite locked), 429 (rate limited).
+BUSY_STATUS = (429, 503)
 
 
 class Lane:
     """One background thread running jobs in order with its own API client, under the creating thread's Prefect
-    settings (and no other context)."""
+    settings (and no other context). `own_retries` (seconds): the client's own retries are off and the jobs get a
+    ``BusyRetrying`` client that tries each call for at most that long."""
 
-    def __init__(self, name: str, run_key: str) -> None:
+    def __init__(self, name: str, run_key: str, *, own_retries: float | None = None) -> None:
         from prefect.context import get_settings_context
 
         self.run_key = run_key
+        self.own_retries = own_retries
         self.abandoned = False
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.settings = get_settings_context().model_copy()  # entered in the thread's own, empty context
@@ -70,18 +86,60 @@ class Lane:
 
     def _serve(self) -> None:
         from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-        with self.settings, get_client(sync_client=True) as client:
-            while True:
-                job = self.jobs.get()
-                if job is None:
-                    return
-                try:
-                    job(client)
-                except Exception as exc:  # noqa: BLE001 - reporting must never fail a training run
-                    # after the run ended (an abandoned best-effort lane), the server may be gone: not worth a warning
-                    log = logger.debug if self.abandoned else logger.warning
-                    log("could not update the Prefect UI for run %s: %s", self.run_key, exc)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.settings)
+            if self.own_retries is not None:
+                stack.enter_context(temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}))
+            client = stack.enter_context(get_client(sync_client=True))
+            self._run_jobs(client if self.own_retries is None else BusyRetrying(client, self.own_retries))
+
+    def _run_jobs(self, client: Any) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            try:
+                job(client)
+            except Exception as exc:  # noqa: BLE001 - reporting must never fail a training run
+                # after the run ended (an abandoned best-effort lane), the server may be gone: not worth a warning
+                log = logger.debug if self.abandoned else logger.warning
+                log("could not update the Prefect UI for run %s: %s", self.run_key, exc)
+
+
+def retry_busy(call: Callable[[], Any], *, limit: float) -> Any:
+    """`call()` (an API call), made again after a short pause (``BUSY_PAUSES``) while the server answers busy
+    (``BUSY_STATUS``) or cannot be reached, for at most `limit` seconds; returns what it returns. The last error is
+    raised when time runs out; any other error at once."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    deadline = time.monotonic() + limit
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except (PrefectHTTPStatusError, httpx.TransportError) as exc:
+            busy = not isinstance(exc, PrefectHTTPStatusError) or exc.response.status_code in BUSY_STATUS
+            pause = BUSY_PAUSES[min(attempt, len(BUSY_PAUSES) - 1)]
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        attempt += 1
+
+
+class BusyRetrying:
+    """A client whose every method call goes through ``retry_busy`` (the client itself must not retry)."""
+
+    def __init__(self, client: Any, limit: float) -> None:
+        self._client, self._limit = client, limit
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if not callable(method):
+            return method
+        return lambda *args, **kwargs: retry_busy(lambda: method(*args, **kwargs), limit=self._limit)
 
 
 class ArtifactSlots:

@@ -19,7 +19,14 @@ from dataclasses import asdict
 from typing import Any
 from uuid import UUID
 
-from prefect_gliner2.flows.prefect_ui import ArtifactSlots, Job, Lane, flow_run_name, run_logger, set_running_message
+from prefect_gliner2.flows.prefect_ui import (
+    ArtifactSlots,
+    Job,
+    Lane,
+    flow_run_name,
+    run_logger,
+    set_running_message,
+)
 from prefect_gliner2.flows.report_text import (
     NAME_LABEL,
     RESUMED_BY_LABEL,
@@ -81,7 +88,8 @@ class RunReporter:
         self.state: dict[str, Any] = {"cursor": 0, "step": 0, "epoch": 0, "loss": None, "learning_rate": None}
         self._push_queued = self._labels_queued = self._final = False
         self._ui = Lane("gliner2-reporter", run_key) if flow_run_id is not None else None
-        self._labels = Lane("gliner2-labels", run_key) if flow_run_id is not None else None
+        # labels: short retries of our own (the client's 2-8 s back-off held the final flush; see prefect_ui)
+        self._labels = Lane("gliner2-labels", run_key, own_retries=30.0) if flow_run_id is not None else None
 
     # ---- events from the driver ----------------------------------------------------------------------------
 
@@ -211,20 +219,21 @@ class RunReporter:
         )
 
     def _labels_now(self, client: Any) -> None:
+        """Labels and the state message at the current position; a mid-run update stops as soon as the final one
+        is queued (it writes newer values)."""
         self._labels_queued = False
-        s = dict(self.state)
-        client.update_flow_run_labels(
-            UUID(str(self.flow_run_id)),
-            {
-                **self.labels,
-                "prefect-gliner2.run-key": self.run_key,
-                "prefect-gliner2.epoch": s["epoch"] + 1,
-                "prefect-gliner2.batch": s["cursor"],
-                "prefect-gliner2.step": s["step"],
-            },
-        )
-        if not self._final:  # the final message is the Completed state's
-            set_running_message(client, UUID(str(self.flow_run_id)), f"{self.run_key}: {self.where(s)}")
+        s, final = dict(self.state), self._final
+        flow_run_id = UUID(str(self.flow_run_id))
+        labels = {
+            **self.labels,
+            "prefect-gliner2.run-key": self.run_key,
+            "prefect-gliner2.epoch": s["epoch"] + 1,
+            "prefect-gliner2.batch": s["cursor"],
+            "prefect-gliner2.step": s["step"],
+        }
+        client.update_flow_run_labels(flow_run_id, labels)
+        if not final and not self._final:  # the final message is the Completed state's
+            set_running_message(client, flow_run_id, f"{self.run_key}: {self.where(s)}")
 
     def _upsert(self, client: Any, what: str, data: Any, description: str) -> None:
         if self._artifacts is not None:

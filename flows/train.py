@@ -7,7 +7,7 @@
         train_data="data/train.jsonl", valid_data="data/valid.jsonl",
         config={"fp16": False, "bf16": False, "num_epochs": 3, "batch_size": 8},
         run_key="ner-2024-06", storage="./runs",
-        checkpointing={"checkpoint_every": 50}, execution={"batches_per_task": 4, "pipeline_depth": 2},
+        checkpointing={"checkpoint_every": 50}, execution={"batches_per_task": "auto", "pipeline_depth": "auto"},
     )
     summary["export"]                           # the selected (best, else final) model directory
 
@@ -41,6 +41,7 @@ from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.prepare import prepare_run
 from prefect_gliner2.runtime.protocol import Export
 from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
+from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.tasks.export import export_model
 
 __all__ = ["TrainingConfigModel", "TrainingSettings", "run_options", "train_flow"]
@@ -152,9 +153,9 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
             outcome = drive(
                 live,
                 run.start,
-                batches_per_task=execution.batches_per_task,
+                batches_per_task=TaskGrain.of(execution.batches_per_task),
                 checkpoint_every=checkpointing.checkpoint_every,
-                pipeline_depth=execution.pipeline_depth,
+                pipeline_depth=pipeline_depth(execution.pipeline_depth),
                 validate_runs=run.prepared.has_validation,
                 reporter=reporter,
                 then=Export(uri=run.export_uri, which="best"),

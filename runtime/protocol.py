@@ -99,6 +99,8 @@ class AdvanceResult:
     replayed: int  # batches replayed before `first` (after a restore)
     stopped_early: bool
     updates: tuple[dict[str, Any], ...]  # the update metrics of batches first..through
+    trained: int = 0  # batches this operation trained (replayed ones included; 0 when already past)
+    seconds: float = 0.0  # the worker's seconds training them (validation excluded): the step time, measured
 
 
 @dataclass(frozen=True)

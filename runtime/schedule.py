@@ -8,19 +8,95 @@ every checkpoint lands exactly where the schedule says and always after the vali
 
 Checkpoints fall after every ``checkpoint_every``-th optimizer update and at every epoch end (the plan's last batch
 ends an epoch, so the last unit is always a checkpoint).
+
+How many batches an ``advance`` unit trains is its *grain* (``TaskGrain``): pinned by the user, or automatic. The
+automatic grain starts at one batch and grows as the worker reports how long batches take, so that a task lasts
+about ``TARGET_TASK_SECONDS`` and Prefect's cost per task run (a few ms in the flow, ~20 ms of server CPU on
+SQLite) is noise beside it. It never changes what is trained: units are positions, the worker trains the same
+batches in the same order whatever the grouping, and validation and checkpoint points always end a unit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Request, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core.layout import checkpoint_name
 
-__all__ = ["Unit", "is_checkpoint_point", "unit_op", "units"]
+__all__ = [
+    "AUTO",
+    "AUTO_PIPELINE_DEPTH",
+    "MAX_BATCHES_PER_TASK",
+    "TARGET_TASK_SECONDS",
+    "TaskGrain",
+    "Unit",
+    "is_checkpoint_point",
+    "pipeline_depth",
+    "unit_op",
+    "units",
+]
+
+AUTO: Literal["auto"] = "auto"
+#: The duration an automatic grain aims each training task at (seconds of the worker's training).
+TARGET_TASK_SECONDS = 2.0
+#: The most an automatic grain grows at once (x4 per measured task: 1, 4, 16, ... batches).
+GROWTH = 4
+#: The largest automatic grain.
+MAX_BATCHES_PER_TASK = 4096
+#: The pipeline depth "auto" stands for: the next two units are with the worker while a task is recorded.
+AUTO_PIPELINE_DEPTH = 2
+
+
+class TaskGrain:
+    """How many batches the next ``advance`` unit trains: `pinned`, or automatic (None; see the module docstring).
+
+    ``observe(batches, seconds)`` takes what the worker reported for a unit; the automatic grain becomes the number
+    of batches that fill ``target_seconds`` at the measured time per batch (the mean of the newest unit's and the
+    previous estimate), growing at most ``GROWTH``-fold per unit and shrinking at once when batches get slower."""
+
+    def __init__(
+        self,
+        pinned: int | None = None,
+        *,
+        target_seconds: float = TARGET_TASK_SECONDS,
+        maximum: int = MAX_BATCHES_PER_TASK,
+    ) -> None:
+        if pinned is not None and (isinstance(pinned, bool) or not isinstance(pinned, int) or pinned < 1):
+            raise ValueError(f"batches per task must be a positive int or {AUTO!r}, got {pinned!r}")
+        self.pinned, self.target_seconds, self.maximum = pinned, target_seconds, maximum
+        self._size = pinned or 1
+        self._per_batch: float | None = None
+
+    @classmethod
+    def of(cls, setting: int | Literal["auto"]) -> TaskGrain:
+        """The grain of a ``batches_per_task`` setting: a positive int, or "auto"."""
+        return cls(None if setting == AUTO else setting)  # type: ignore[arg-type]
+
+    @property
+    def batches(self) -> int:
+        return self._size
+
+    @property
+    def per_batch_seconds(self) -> float | None:
+        """The measured seconds per batch (None before the first measured unit)."""
+        return self._per_batch
+
+    def observe(self, batches: int, seconds: float) -> None:
+        if self.pinned is not None or batches <= 0 or seconds <= 0:
+            return
+        per = seconds / batches
+        self._per_batch = per if self._per_batch is None else (self._per_batch + per) / 2
+        wanted = max(1, math.ceil(self.target_seconds / self._per_batch))
+        self._size = min(wanted, self._size * GROWTH, self.maximum)
+
+
+def pipeline_depth(setting: int | Literal["auto"]) -> int:
+    """The pipeline depth of a ``pipeline_depth`` setting: a non-negative int, or "auto" (``AUTO_PIPELINE_DEPTH``)."""
+    return AUTO_PIPELINE_DEPTH if setting == AUTO else int(setting)
 
 
 @dataclass(frozen=True)
@@ -37,13 +113,17 @@ def is_checkpoint_point(plan: Any, index: int, checkpoint_every: int) -> bool:
     return checkpoint_every > 0 and plan.is_update(index) and plan.step_after(index) % checkpoint_every == 0
 
 
-def units(plan: Any, start: int, *, batches_per_task: int, checkpoint_every: int, validate: bool) -> Iterator[Unit]:
-    """The units from batch `start` to the end of the plan, lazily (plans can have millions of batches)."""
+def units(
+    plan: Any, start: int, *, batches_per_task: int | TaskGrain, checkpoint_every: int, validate: bool
+) -> Iterator[Unit]:
+    """The units from batch `start` to the end of the plan, lazily (plans can have millions of batches); a
+    `TaskGrain` is read as each unit is formed, so an automatic grain applies to the units formed after it grew."""
+    grain = batches_per_task if isinstance(batches_per_task, TaskGrain) else TaskGrain(batches_per_task)
     first = start
     for index in range(start, plan.batch_count):
         validation = validate and plan.is_validation(index)
         checkpoint = is_checkpoint_point(plan, index, checkpoint_every)
-        if validation or checkpoint or index - first + 1 >= batches_per_task or index == plan.batch_count - 1:
+        if validation or checkpoint or index - first + 1 >= grain.batches or index == plan.batch_count - 1:
             yield Unit("advance", first, index)
             first = index + 1
         if validation:

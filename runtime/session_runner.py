@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -67,6 +68,8 @@ class SessionRunner:
         self.threads = torch.get_num_threads()
         self._writer: BackgroundWrite | None = None  # the one background checkpoint write in flight
         self._written: dict[str, CheckpointResult] = {}  # background writes that ended, newest last (bounded)
+        self.trained_batches = 0  # batches trained by this worker, and the seconds they took (no validation)
+        self.trained_seconds = 0.0
 
     # ---- positions -----------------------------------------------------------------------------------------
 
@@ -79,7 +82,10 @@ class SessionRunner:
                 continue
             index = run.cursor
             self.faults.hit("batch", index)
+            started = time.perf_counter()
             run.train_batch()
+            self.trained_seconds += time.perf_counter() - started
+            self.trained_batches += 1
             if first is not None and index < first:
                 replayed += 1
         return replayed
@@ -99,6 +105,9 @@ class SessionRunner:
             )
         writer = self._writer
         if writer is not None and writer.done() and writer.error is not None:
+            written = self._written.get(request.uri) if isinstance(request, CommitCheckpoint) else None
+            if written is not None:
+                return written  # durable before the write that failed: committed first (the flow sent it ahead)
             self._settle()  # raises the failed background write before anything else happens
         return handler(self, request)
 
@@ -120,6 +129,7 @@ class SessionRunner:
 
     def advance(self, request: Advance) -> AdvanceResult:
         first, through = request.first, request.through
+        batches, seconds = self.trained_batches, self.trained_seconds
         replayed = self._advance(through, first)
         run = self.run
         last = min(through, self.plan.batch_count - 1)
@@ -132,6 +142,8 @@ class SessionRunner:
             replayed=replayed,
             stopped_early=run.stopped_early,
             updates=tuple(h for h in run.train_metrics_history if first <= h["batch"] <= through),
+            trained=self.trained_batches - batches,
+            seconds=self.trained_seconds - seconds,
         )
 
     def validate(self, request: Validate) -> ValidateResult:

@@ -205,10 +205,22 @@ class SessionWorker:
 
     # ---- operations ----------------------------------------------------------------------------------------
 
+    def answered(self, request: Request[Any]) -> bool:
+        """True when `request` was sent ahead and its answer (result or error) is waiting to be consumed, also from
+        a child that has exited since (e.g. after raising on a later operation): `submit` then returns that
+        answer instead of starting a fresh child."""
+        link = self._link
+        ticket = link.by_request.get(request) if link is not None else None
+        return ticket is not None and ticket.done()
+
     def submit(self, request: Request[Any]) -> Ticket:
         """Send `request` now, or return the identical request sent earlier on this incarnation and not consumed
-        yet (pipelining: a task joins the operation sent ahead for it). Starts a fresh child if needed."""
+        yet (pipelining: a task joins the operation sent ahead for it; its answer is kept when the child exits
+        afterwards, so an error it raised is not lost to a restart). Starts a fresh child if needed."""
         with self._lock:
+            if self.answered(request):
+                assert self._link is not None
+                return self._link.by_request[request]
             self.start()
             link = self._link
             assert link is not None
@@ -298,7 +310,9 @@ class SessionWorker:
             link.dead = True
             calls = list(link.calls.values())
             link.calls.clear()
-            link.by_request.clear()
+            # answers already received stay until consumed (a pre-sent operation's result, or the error that
+            # ended this child); the unanswered ones fail below with WorkerDied
+            link.by_request = {r: t for r, t in link.by_request.items() if t.done()}
         code = link.process.exitcode
         if code is not None and code < 0:
             how = f"killed by {signal.Signals(-code).name}"

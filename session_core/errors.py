@@ -110,7 +110,7 @@ class CheckpointError(SessionCoreError, RuntimeError):
 
 
 class CheckpointDamagedError(CheckpointError):
-    """A checkpoint's files differ from its index (sha256, size, a file or the index missing or unreadable): the
+    """A checkpoint's files differ from its index (digest, size, a file or the index missing or unreadable): the
     bytes were damaged after the commit. A run falls back to its previous intact checkpoint."""
 
 

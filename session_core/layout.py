@@ -14,8 +14,8 @@ No I/O and no imports beyond the standard library: this module only names things
                 session.json weights.safetensors gradients.safetensors rng.safetensors    the session's state
                 optimizer.safetensors optimizer.pt scheduler.pt scaler.pt [trainer_extra.pt]
                 managed.json                                             the managed driver's state
-            blobs/chunked-sha256-<hex>.safetensors   BLOB_DIR: content-addressed files checkpoints refer to (best
-                                             weights; format-2 blobs are named sha256-<hex>.safetensors)
+            blobs/blake3-<hex>.safetensors   BLOB_DIR: content-addressed files checkpoints refer to (best weights;
+                                             older formats named them sha256-<hex> / chunked-sha256-<hex>)
             .damaged-step-000012-batch-000047-<time>/   damaged_name(...): quarantined, kept for inspection
         export/                              EXPORT_DIR         the exported model (unless elsewhere)
             export.json                      EXPORT_MARKER_FILE written last (the commit)

@@ -84,7 +84,7 @@ def read_tensors(
     """Read a streamed safetensors file tensor by tensor. `check(header)` sees names, dtypes and shapes before any
     tensor data is read; `destination` may hand out the tensor to fill (e.g. a live parameter); `sink` takes each
     tensor as soon as it is read (then nothing is kept or returned). The caller's `Checkpoint.open` verifies the
-    file's sha256 once the stream ends."""
+    file's digest once the stream ends."""
     what = f"{reader.name} in {reader.uri}"
     header = _read_header(reader, what)
     if check is not None:

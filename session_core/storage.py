@@ -10,8 +10,9 @@ so the storage policy is decided in one place:
   fsynced. Remotely they are one object write of the complete bytes (``pipe_file``), which object stores apply
   atomically: no temporary object, no move.
 - ``directory_commit(uri, marker)``: a directory whose marker file (``checkpoint.json``, ``export.json``) is
-  written last. Locally the directory is staged as a hidden sibling (``layout.staging_name``), fsynced and renamed
-  into place, so a kill leaves nothing or all of it. Remotely a pending marker (``layout.PENDING_FILE``) is written
+  written last. Locally the directory is staged as a hidden sibling (``layout.staging_name``), every file and
+  directory in it fsynced (the fsyncs in flight together: ``durability``), and renamed into place, so a kill
+  leaves nothing or all of it. Remotely a pending marker (``layout.PENDING_FILE``) is written
   first, then the files in place, then the marker, then the pending marker is removed; readers treat a directory
   without its marker as absent, and a new commit to a destination holding our pending marker but no marker
   replaces that debris of a killed upload (anything else non-empty is refused). The local copy a remote commit
@@ -42,6 +43,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from prefect_gliner2.session_core import layout
+from prefect_gliner2.session_core.durability import SyncBatch, fsync_dir
 
 __all__ = [
     "absolute_uri",
@@ -148,20 +150,6 @@ def open_new_local(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
         os.fsync(handle.fileno())
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename inside `path` durable (best effort where the filesystem cannot fsync a directory)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ---- directories committed by a marker written last --------------------------------------------------------
 
 
@@ -208,7 +196,12 @@ class DirectoryCommit(ABC):
 
 
 class LocalDirectoryCommit(DirectoryCommit):
-    """Local policy: stage as a hidden sibling (0o700 directory, 0o600 files, each fsynced), then one rename."""
+    """Local policy: stage as a hidden sibling (0o700 directory, 0o600 files), make every file and directory in it
+    durable (their fsyncs in flight together: ``durability.SyncBatch``), then one rename and an fsync of the parent.
+
+    A file streamed through `open` is fsynced in the background as soon as it is complete; files a library wrote
+    into `local_dir` are found and fsynced at the commit. The marker is written after every other file; nothing in
+    the staging directory is visible until the rename, which waits for all of them to be durable."""
 
     def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
         super().__init__(fs, path, uri, marker, before_commit)
@@ -217,16 +210,34 @@ class LocalDirectoryCommit(DirectoryCommit):
         self.parent = parent
         self.staging = Path(parent) / layout.staging_name(os.path.basename(path))
         self.staging.mkdir(mode=0o700)
+        self._syncs = SyncBatch()
+        self._streamed: set[Path] = set()
 
-    def open(self, name: str) -> Any:
-        return open_new_local(self.staging / name)
+    @contextmanager
+    def open(self, name: str) -> Iterator[IO[bytes]]:
+        path = self.staging / name
+        handle = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+        try:
+            yield handle
+            handle.flush()
+        except BaseException:
+            handle.close()
+            raise
+        self._streamed.add(path)
+        self._syncs.add_handle(handle)  # fsynced (and closed) while the next file is written
 
     def local_dir(self) -> Path:
         return self.staging
 
     def commit(self, marker_bytes: bytes) -> None:
         self.write(self.marker, marker_bytes)
-        fsync_dir(str(self.staging))
+        for path in sorted(self.staging.rglob("*")):
+            if path.is_dir():
+                self._syncs.add_dir(path)
+            elif path not in self._streamed:
+                self._syncs.add_path(path)  # written by a library into local_dir()
+        self._syncs.add_dir(self.staging)
+        self._syncs.wait()
         if self.before_commit is not None:
             self.before_commit()
         if os.path.isdir(self.path):
@@ -235,6 +246,10 @@ class LocalDirectoryCommit(DirectoryCommit):
         fsync_dir(self.parent)
 
     def discard(self) -> None:
+        try:
+            self._syncs.wait()  # every handle closed before the staging goes
+        except OSError:
+            pass  # the failure that matters was raised to the writer already
         if self.staging.exists():
             shutil.rmtree(self.staging, ignore_errors=True)
 

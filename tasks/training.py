@@ -55,7 +55,7 @@ def call_worker(run_key: str, request: Request[R]) -> R:
     protocol's result for that request."""
     run = live_runs.get(run_key)
     logger = get_run_logger()
-    if run.worker.start():
+    if not run.worker.answered(request) and run.worker.start():
         logger.warning(
             "session worker for run %s (re)started from %s; replaying deterministically from there",
             run_key,

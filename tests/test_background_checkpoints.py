@@ -188,7 +188,8 @@ def test_kill_during_a_background_write_resumes_exactly(
     the flow there (its worker dies with it); a new flow run resumes from checkpoint 5 and ends bit-identical."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    params = _flow(space, "bg-killed")
+    # nothing sent ahead: the commit of checkpoint 5 is not queued behind operations already with the worker
+    params = _flow(space, "bg-killed", execution={"batches_per_task": 1, "pipeline_depth": 0})
     plan = FaultPlan((Fault.pause("checkpoint-write", 7, 120.0),), markers=str(markers))
     process = flow_child(params, plan, prefect_server)
     try:
@@ -298,7 +299,8 @@ def test_a_flow_retry_lets_the_write_in_flight_finish_before_cleaning_debris(
         (Fault.pause("checkpoint-write", 7, 6.0), Fault.fail("unit", 8, once=str(tmp_path / "raised"))),
         markers=str(tmp_path),
     )
-    params = with_threads(_flow(space, "bg-flow-retry"))
+    # one task per batch, nothing sent ahead: the fault fails the unit that ends at batch 8
+    params = with_threads(_flow(space, "bg-flow-retry", execution={"batches_per_task": 1, "pipeline_depth": 0}))
     with installed_faults(plan):
         summary = train_flow.with_options(retries=1)(**params)
     assert (tmp_path / "raised").exists() and (tmp_path / "checkpoint-write-7").exists()

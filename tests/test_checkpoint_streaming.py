@@ -1,6 +1,6 @@
-"""Streaming, verified checkpoint I/O: bitwise round trips, corruption caught in the same pass (chunked sha256 of
-format 3, plain sha256 of format 2), best weights stored once in the blob store, format-2 checkpoints still resumed,
-and a clear refusal of format-1 checkpoints for resuming."""
+"""Streaming, verified checkpoint I/O: bitwise round trips, corruption caught in the same pass (BLAKE3 of format 4,
+chunked sha256 of format 3, plain sha256 of format 2), best weights stored once in the blob store, format-2 and
+format-3 checkpoints still resumed, and a clear refusal of format-1 checkpoints for resuming."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import blake3
 import pytest
 import safetensors
 import safetensors.torch
@@ -73,7 +74,7 @@ def test_streaming_round_trip_is_bitwise_and_the_files_are_plain_safetensors(tmp
             1 for n in before if n.startswith("optim/") and n.endswith("exp_avg")
         )
     index = json.loads((tmp_path / "ckpt" / "checkpoint.json").read_text())
-    assert index["version"] == checkpoint_mod.FORMAT_VERSION == 3
+    assert index["version"] == checkpoint_mod.FORMAT_VERSION == 4
 
 
 def test_tensor_stream_round_trip_covers_every_stored_dtype(tmp_path):
@@ -104,11 +105,11 @@ def test_a_corrupted_byte_is_caught_before_the_session_changes(tmp_path, name):
 
     victim, _ = new_session()
     untouched = snapshot(victim)
-    with pytest.raises(CheckpointError, match=f"{name}.*does not match its recorded sha256"):
+    with pytest.raises(CheckpointError, match=f"{name}.*does not match its recorded blake3"):
         victim.load_state(str(tmp_path / "ckpt"))
     assert_bitwise_equal(snapshot(victim), untouched)
     assert victim.is_fresh  # nothing was applied: it can still load an intact checkpoint
-    with pytest.raises(CheckpointError, match="sha256"):
+    with pytest.raises(CheckpointError, match="blake3"):
         read_checkpoint(str(tmp_path / "ckpt"))  # the full verification the flow process uses sees it too
 
 
@@ -120,7 +121,7 @@ def test_a_corrupted_weights_byte_is_caught_in_the_same_pass_and_fails_the_sessi
     _flip_byte(path, os.path.getsize(path) // 2)
 
     victim, _ = new_session()
-    with pytest.raises(CheckpointError, match="weights.safetensors.*does not match its recorded sha256"):
+    with pytest.raises(CheckpointError, match="weights.safetensors.*does not match its recorded blake3"):
         victim.load_state(str(tmp_path / "ckpt"))
     with pytest.raises(SessionStateError, match="unusable"):  # weights stream into the live model: start afresh
         victim.forward_backward(plan.batch(0))
@@ -152,6 +153,8 @@ def test_best_weights_are_stored_once_and_referenced_by_every_checkpoint(tmp_pat
     best_steps = {step for step, _ in refs}
     assert len(refs) > len(best_steps) > 1  # several checkpoints per best, several bests
     assert len(blobs) == len(best_steps) == len({path for _, path in refs})  # one blob per best, shared
+    for name in blobs:  # named by their scheme and BLAKE3 digest
+        assert name == f"blake3-{blake3.blake3((root / 'blobs' / name).read_bytes()).hexdigest()}.safetensors"
     assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no staging debris
 
     # restore and export are unchanged: the resumed run's best equals the live one bit for bit
@@ -173,7 +176,7 @@ def test_best_weights_are_stored_once_and_referenced_by_every_checkpoint(tmp_pat
     again = ManagedTraining(
         TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
     )
-    with pytest.raises(CheckpointError, match="best.safetensors.*sha256"):
+    with pytest.raises(CheckpointError, match="best.safetensors.*blake3"):
         again.load_state(str(newest))
     assert again.session.is_fresh
 
@@ -197,54 +200,71 @@ def test_format_1_checkpoints_are_refused_for_resume_with_a_way_forward(tmp_path
     )
 
 
-def _chunked_sha256(data: bytes, chunk: int) -> str:
-    """The format-3 file digest, computed here from its definition (module docstring of checkpoint.py)."""
-    digests = b"".join(hashlib.sha256(data[i : i + chunk]).digest() for i in range(0, len(data), chunk))
-    return hashlib.sha256(f"chunked-sha256 {chunk} {len(data)}\n".encode() + digests).hexdigest()
+def _flipped_bytes_are_caught(path: Path, offsets: list[int], expected: dict) -> None:
+    """Each flipped byte fails the streamed read at its end; flipped back, the file reads intact again."""
+    size = os.path.getsize(path)
+    for offset in offsets:
+        _flip_byte(path, offset)
+        with pytest.raises(CheckpointDamagedError, match="does not match its recorded"):
+            with open_checkpoint(str(path.parent)).open(path.name) as reader:
+                reader.readinto(bytearray(size))
+        _flip_byte(path, offset)
+    with open_checkpoint(str(path.parent)).open(path.name) as reader:
+        assert_bitwise_equal(read_tensors(reader), expected)
 
 
-def test_chunked_digests_follow_their_definition_and_any_flipped_byte_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(digest_mod, "HASH_CHUNK_BYTES", 1000)  # pieces straddle reads and tensors
+@pytest.mark.parametrize("inline_below", [0, 1 << 20])  # every piece to the helper thread, or small ones inline
+def test_blake3_digests_follow_their_definition_and_any_flipped_byte_is_caught(tmp_path, monkeypatch, inline_below):
+    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 4096)  # many pieces per file, straddling tensors
+    monkeypatch.setattr(digest_mod, "INLINE_BELOW", inline_below)
     monkeypatch.setattr(digest_mod, "HASH_THREADS", 3)
     tensors = {f"t{i}": torch.randn(97 * (i + 1)) for i in range(12)}
     write_checkpoint(str(tmp_path / "c"), {"t.safetensors": lambda handle: write_tensors(handle, tensors)}, {})
     path = tmp_path / "c" / "t.safetensors"
     entry = json.loads((tmp_path / "c" / "checkpoint.json").read_text())["files"]["t.safetensors"]
     data = path.read_bytes()
-    assert entry == {"chunked_sha256": _chunked_sha256(data, 1000), "chunk_bytes": 1000, "bytes": len(data)}
-    assert len(data) % 1000 and len(data) > 20 * 1000  # a short last piece, many full ones
+    assert entry == {"blake3": blake3.blake3(data).hexdigest(), "bytes": len(data)}  # the plain BLAKE3 of the file
+    assert len(data) > 7 * 4096 and len(data) % 4096  # many full pieces and a short last one
     read_checkpoint(str(tmp_path / "c"))
-
-    for offset in (0, 9, 999, 1000, len(data) // 2, len(data) - len(data) % 1000, len(data) - 1):
-        _flip_byte(path, offset)
-        with pytest.raises(CheckpointDamagedError, match="does not match its recorded sha256"):
-            with open_checkpoint(str(tmp_path / "c")).open("t.safetensors") as reader:
-                reader.readinto(bytearray(len(data)))
-        _flip_byte(path, offset)  # flipped back: intact again
-    with open_checkpoint(str(tmp_path / "c")).open("t.safetensors") as reader:
-        assert_bitwise_equal(read_tensors(reader), tensors)
+    # first and last bytes, the header, both sides of piece and BLAKE3 chunk (1 KiB) boundaries, the middle
+    offsets = [0, 9, 1023, 1024, 4095, 4096, 4097, 3 * 4096 - 1, len(data) // 2, len(data) - len(data) % 4096]
+    _flipped_bytes_are_caught(path, [*offsets, len(data) - 2, len(data) - 1], tensors)
 
 
-def _as_format_2(checkpoint: Path) -> None:
-    """Rewrite a checkpoint's index as format 2 wrote it: version 2, each file's plain sha256, blobs named by it."""
+def _chunked_sha256(data: bytes, chunk: int) -> str:
+    """The format-3 file digest, computed here from its definition (``checkpoint.format``'s docstring)."""
+    digests = b"".join(hashlib.sha256(data[i : i + chunk]).digest() for i in range(0, len(data), chunk))
+    return hashlib.sha256(f"chunked-sha256 {chunk} {len(data)}\n".encode() + digests).hexdigest()
+
+
+def _as_older_format(checkpoint: Path, version: int, chunk: int = 1000) -> None:
+    """Rewrite a checkpoint's index as format `version` wrote it: format 3, each file's chunked sha256 (pieces of
+    `chunk` bytes) and blobs named `chunked-sha256-<hex>`; format 2, plain sha256 and blobs named `sha256-<hex>`."""
+
+    def entry(data: bytes) -> tuple[str, dict]:
+        if version == 3:
+            digest = _chunked_sha256(data, chunk)
+            return f"chunked-sha256-{digest}", {"chunked_sha256": digest, "chunk_bytes": chunk, "bytes": len(data)}
+        digest = hashlib.sha256(data).hexdigest()
+        return f"sha256-{digest}", {"sha256": digest, "bytes": len(data)}
+
     index_path = checkpoint / "checkpoint.json"
     index = json.loads(index_path.read_text())
     for name in index["files"]:
-        data = (checkpoint / name).read_bytes()
-        index["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        index["files"][name] = entry((checkpoint / name).read_bytes())[1]
     for name, ref in index["refs"].items():
         blob = checkpoint / ref["path"]
-        digest = hashlib.sha256(blob.read_bytes()).hexdigest()
-        renamed = blob.with_name(f"sha256-{digest}.safetensors")
+        stem, written = entry(blob.read_bytes())
+        renamed = blob.with_name(f"{stem}.safetensors")
         if not renamed.exists():
             os.link(blob, renamed)
-        index["refs"][name] = {"path": f"../blobs/{renamed.name}", "sha256": digest, "bytes": blob.stat().st_size}
-    index["version"] = 2
+        index["refs"][name] = {"path": f"../blobs/{renamed.name}", **written}
+    index["version"] = version
     index_path.write_text(json.dumps(index, sort_keys=True, indent=1))
 
 
-def test_format_2_checkpoints_still_resume_exactly_and_are_still_verified(tmp_path):
+@pytest.mark.parametrize("version", [2, 3])
+def test_older_format_checkpoints_still_resume_exactly_and_are_still_verified(tmp_path, version):
     config = make_config(
         "span", False, eval_strategy="steps", eval_steps=1, save_best=True, metric_for_best="eval_loss"
     )
@@ -261,36 +281,67 @@ def test_format_2_checkpoints_still_resume_exactly_and_are_still_verified(tmp_pa
             run.validate()
     old = tmp_path / "checkpoints" / "old"
     run.save_state(str(old))
-    _as_format_2(old)
-    before = snapshot(run.session)
+    _as_older_format(old, version)
+    before, best = snapshot(run.session), run.best_state  # a new best is a new dict: this one stays as saved
+    run.run(until=run.cursor + 3)  # what the uninterrupted run does next
+    expected = snapshot(run.session)
 
     resumed = managed()
     resumed.load_state(str(old))
     assert_bitwise_equal(snapshot(resumed.session), before)
-    assert_bitwise_equal(resumed.best_state, run.best_state)
-    new = tmp_path / "checkpoints" / "new"  # format 3 now, still naming the format-2 best-weights blob
+    assert_bitwise_equal(resumed.best_state, best)
+    new = tmp_path / "checkpoints" / "new"  # format 4 now, still naming the older format's best-weights blob
     resumed.save_state(str(new))
     index = json.loads((new / "checkpoint.json").read_text())
-    assert index["version"] == 3 and index["refs"]["best.safetensors"]["path"].startswith("../blobs/sha256-")
-    assert all("chunked_sha256" in entry for entry in index["files"].values())
+    prefix = {2: "../blobs/sha256-", 3: "../blobs/chunked-sha256-"}[version]
+    assert index["version"] == 4 and index["refs"]["best.safetensors"]["path"].startswith(prefix)
+    assert all(set(entry) == {"blake3", "bytes"} for entry in index["files"].values())
     again = managed()
     again.load_state(str(new))
     assert_bitwise_equal(snapshot(again.session), before)
+    again.run(until=again.cursor + 3)
+    assert_bitwise_equal(snapshot(again.session), expected)  # resumed bitwise through the older format
     assert all(checkpoint_mod.is_blob_name(p.name) for p in (tmp_path / "checkpoints" / "blobs").iterdir())
 
+    scheme = {2: "sha256", 3: "chunked sha256"}[version]
     for name in ("optimizer.safetensors", "weights.safetensors"):
         victim = tmp_path / f"damaged-{name}"
         shutil.copytree(old, victim / "old")
         _flip_byte(victim / "old" / name, os.path.getsize(victim / "old" / name) - 3)
         os.symlink(tmp_path / "checkpoints" / "blobs", victim / "blobs")
-        with pytest.raises(CheckpointDamagedError, match=f"{name}.*does not match its recorded sha256"):
+        with pytest.raises(CheckpointDamagedError, match=f"{name}.*does not match its recorded {scheme}"):
             managed().load_state(str(victim / "old"))
+
+
+def test_format_3_chunked_digests_catch_a_flipped_byte_anywhere(tmp_path, monkeypatch):
+    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 4096)  # reads straddle the 1000-byte hash pieces
+    monkeypatch.setattr(digest_mod, "HASH_THREADS", 3)
+    tensors = {f"t{i}": torch.randn(97 * (i + 1)) for i in range(12)}
+    write_checkpoint(str(tmp_path / "c"), {"t.safetensors": lambda handle: write_tensors(handle, tensors)}, {})
+    _as_older_format(tmp_path / "c", 3, chunk=1000)
+    path = tmp_path / "c" / "t.safetensors"
+    size = os.path.getsize(path)
+    read_checkpoint(str(tmp_path / "c"))
+    _flipped_bytes_are_caught(path, [0, 999, 1000, 4096, size // 2, size - size % 1000, size - 1], tensors)
+
+
+def test_an_index_entry_without_a_valid_digest_is_damage(tmp_path):
+    write_checkpoint(str(tmp_path / "c"), {"a.bin": b"abc"}, {})
+    index_path = tmp_path / "c" / "checkpoint.json"
+    good = json.loads(index_path.read_text())
+    for entry, what in (
+        ({"bytes": 3}, "records no digest"),
+        ({"blake3": "12ab", "bytes": 3}, "invalid blake3"),
+        ({"chunked_sha256": "0" * 64, "chunk_bytes": 0, "bytes": 3}, "invalid chunk_bytes"),
+    ):
+        index_path.write_text(json.dumps({**good, "files": {"a.bin": entry}}))
+        with pytest.raises(CheckpointDamagedError, match=what):
+            open_checkpoint(str(tmp_path / "c"))
 
 
 def test_hash_threads_follow_the_slot_and_bad_values_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(digest_mod, "HASH_THREADS", digest_mod.HASH_THREADS)  # restored after the test
-    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 40_000)
-    monkeypatch.setattr(digest_mod, "HASH_CHUNK_BYTES", 65_536)  # ~18 pieces: several threads share them
+    monkeypatch.setattr(digest_mod, "CHUNK_BYTES", 40_000)  # ~30 pieces, hashed while the next is written
     tensors = {"w": torch.randn(300_000)}
     digests = []
     for threads in (1, 2, 64):

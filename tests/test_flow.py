@@ -52,6 +52,11 @@ def _task_runs(flow_run_id: str, timeout: float = 30.0) -> list[Any]:
             time.sleep(0.5)
 
 
+#: One task per batch, nothing sent ahead: for tests that name task runs or fault a unit by its last batch (the
+#: default, automatic grain sizes units from measured step times).
+PER_BATCH = {"batches_per_task": 1, "pipeline_depth": 0}
+
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -188,6 +193,7 @@ def test_worker_death_and_transient_errors_are_retried_exactly(space: dict[str, 
             run_key="span-lora-faults",
             storage=str(space["root"] / "runs"),
             checkpointing={"checkpoint_every": 1},
+            execution=PER_BATCH,  # the retried task names below are per-batch units
         )
     assert (tmp_path / "died").exists() and (tmp_path / "raised").exists()
     assert summary["worker_starts"] == 3
@@ -210,7 +216,7 @@ def test_flow_retry_reuses_the_live_worker_and_its_cache(space: dict[str, Any], 
             run_key="span-flow-retry",
             storage=str(space["root"] / "runs"),
             checkpointing={"checkpoint_every": 0},
-            execution={"cpu_threads": 1},
+            execution={"cpu_threads": 1, **PER_BATCH},  # the fault and the cached names are per-batch units
         )
     assert (tmp_path / "raised").exists() and summary["worker_starts"] == 1
     assert summary["resumed_from_batch"] == 6  # the epoch-end checkpoint after batch 5
@@ -233,6 +239,7 @@ def test_a_cache_hit_after_restore_cannot_skip_work(
         run_key="span-cache",
         storage=str(space["root"] / "runs"),
         checkpointing={"checkpoint_every": 0},
+        execution=PER_BATCH,  # the fault and the cached names are per-batch units
     )
     with installed_faults(FaultPlan((Fault.fail("unit", 9, once=str(tmp_path / "raised")),))):
         with pytest.raises(RuntimeError, match="injected transient failure"):
@@ -351,7 +358,7 @@ def test_a_tampered_only_checkpoint_fails_at_once_without_retries(space: dict[st
     (run / "cursor.json").write_text(json.dumps(cursor))
     weights = run / "checkpoints" / "step-000002-batch-000003" / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
-    with pytest.raises(CheckpointError, match="does not match its recorded sha256.*no intact earlier checkpoint"):
+    with pytest.raises(CheckpointError, match="does not match its recorded blake3.*no intact earlier checkpoint"):
         run_flow(
             model=space["span"],
             train_data=space["inputs"]["train"],

@@ -9,7 +9,15 @@ import pytest
 
 from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
-from prefect_gliner2.runtime.schedule import Unit, is_checkpoint_point, unit_op, units
+from prefect_gliner2.runtime.schedule import (
+    AUTO_PIPELINE_DEPTH,
+    TaskGrain,
+    Unit,
+    is_checkpoint_point,
+    pipeline_depth,
+    unit_op,
+    units,
+)
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.tiny import tiny_records
 
@@ -116,3 +124,60 @@ def test_unit_op_is_the_worker_operation_of_a_unit(tmp_path: Any) -> None:
     assert isinstance(request, Checkpoint) and request.index == 5
     assert request.uri == run_dir.checkpoint_uri("step-000003-batch-000005")
     assert request.uri.endswith("/r/checkpoints/step-000003-batch-000005")
+
+
+# ---- the task grain ---------------------------------------------------------------------------------------------
+
+
+def test_an_automatic_grain_grows_from_one_batch_to_the_target_and_follows_slower_steps() -> None:
+    grain = TaskGrain()
+    assert grain.pinned is None and grain.batches == 1 and grain.per_batch_seconds is None
+    sizes = []
+    for _ in range(6):  # 10 ms per batch: wants 200 batches for 2 s tasks, at most x4 per measured unit
+        grain.observe(grain.batches, 0.01 * grain.batches)
+        sizes.append(grain.batches)
+    assert sizes == [4, 16, 64, 200, 200, 200] and grain.per_batch_seconds == pytest.approx(0.01)
+    grain.observe(10, 10 * 0.09)  # steps got slower (the mean with the estimate: 50 ms): fewer batches at once
+    assert grain.batches == 40
+    grain.observe(0, 0.0)  # an operation that trained nothing (already past) tells nothing
+    assert grain.batches == 40
+    one_second = TaskGrain(target_seconds=2.0)
+    one_second.observe(1, 1.5)  # steps of 1.5 s: two batches per task at most
+    assert one_second.batches == 2
+    capped = TaskGrain(maximum=50)
+    for _ in range(5):
+        capped.observe(capped.batches, 0.001 * capped.batches)
+    assert capped.batches == 50
+
+
+def test_a_pinned_grain_ignores_measurements_and_settings_map_to_grains() -> None:
+    pinned = TaskGrain(3)
+    pinned.observe(3, 0.0003)
+    assert pinned.batches == 3
+    assert TaskGrain.of("auto").pinned is None and TaskGrain.of(7).batches == 7
+    assert pipeline_depth("auto") == AUTO_PIPELINE_DEPTH and pipeline_depth(0) == 0
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(ValueError, match="positive int or 'auto'"):
+            TaskGrain(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_units_of_a_growing_grain_cover_the_plan_in_order_and_keep_every_boundary(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    plan = _plan(40, num_epochs=3, eval_strategy="steps", eval_steps=3)
+    every = rng.choice([0, 1, 2, 5])
+    grain = TaskGrain(target_seconds=rng.choice([0.05, 1.0, 100.0]))
+    found, covered = [], []
+    for unit in units(plan, 0, batches_per_task=grain, checkpoint_every=every, validate=True):
+        found.append(unit)
+        if unit.kind == "advance":
+            covered.extend(range(unit.first, unit.through + 1))
+            grain.observe(unit.through - unit.first + 1, rng.uniform(0.001, 0.05) * (unit.through - unit.first + 1))
+    assert covered == list(range(plan.batch_count))  # every batch once, in order, whatever the grouping
+    fixed = list(units(plan, 0, batches_per_task=1, checkpoint_every=every, validate=True))
+    assert [u for u in found if u.kind != "advance"] == [u for u in fixed if u.kind != "advance"]
+    ends = {u.through for u in found if u.kind == "advance"}
+    assert {u.through for u in fixed if u.kind != "advance"} <= ends  # validations and checkpoints end units
+    assert max(u.through - u.first + 1 for u in found if u.kind == "advance") > 1  # it did group

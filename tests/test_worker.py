@@ -141,6 +141,27 @@ def test_full_storage_in_the_worker_is_permanent(run: dict[str, str], tmp_path: 
         worker.close()
 
 
+def test_answers_sent_ahead_survive_the_exit_of_a_worker_that_raised(run: dict[str, str], tmp_path: Path) -> None:
+    """Pipelined: the worker answers one operation, raises a full storage on the next and exits. Joined only after
+    the exit, the first still gets its answer and the second its error, with no fresh worker started (a restart
+    would have lost the error: the fault fires once)."""
+    full_once = Fault.os_error("batch", 5, errno.ENOSPC, once=str(tmp_path / "full-once"))
+    worker = _worker(run, faults=FaultPlan(faults=(full_once,)))
+    try:
+        first, second = Advance(first=0, through=3), Advance(first=4, through=7)
+        tickets = [worker.submit(first), worker.submit(second)]
+        pid = worker.pid
+        assert pid is not None and pid_gone(pid, timeout=120)  # exited after raising
+        assert worker.answered(first) and worker.answered(second) and tickets[1].done()
+        assert worker.call(first).cursor == 4
+        with pytest.raises(StorageFullError, match="ENOSPC"):
+            worker.call(second)
+        assert worker.starts == 1
+        assert worker.call(Advance(first=4, through=7)).cursor == 8 and worker.starts == 2  # then a fresh one
+    finally:
+        worker.close()
+
+
 def test_transient_classification_follows_the_cause_chain() -> None:
     assert is_transient(OSError(errno.EIO, "io"))
     assert is_transient(ConnectionResetError())

@@ -48,6 +48,16 @@ def positive(text: str) -> int:
     return value
 
 
+def auto_or(number: Any) -> Any:
+    """An argument type: "auto", or what `number` accepts."""
+
+    def parse(text: str) -> int | str:
+        return "auto" if text == "auto" else number(text)
+
+    parse.__name__ = f"auto or {number.__name__}"
+    return parse
+
+
 def threshold(text: str) -> float:
     try:
         value = float(text)

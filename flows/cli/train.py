@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from prefect_gliner2.flows.cli.args import UsageError, data_arguments, inputs, non_negative, one, positive
+from prefect_gliner2.flows.cli.args import UsageError, auto_or, data_arguments, inputs, non_negative, one, positive
 from prefect_gliner2.flows.cli.progress import ProgressBar, describe
 
 if TYPE_CHECKING:
@@ -26,8 +26,18 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--storage", help="local directory or fsspec URL for run directories")
     parser.add_argument("--export", dest="export_to", help="where to export the selected model (default: <run>/export)")
     parser.add_argument("--checkpoint-every", type=non_negative, default=100, help="checkpoint every N updates")
-    parser.add_argument("--batches-per-task", type=positive, default=1, help="batches per Prefect task")
-    parser.add_argument("--pipeline-depth", type=non_negative, default=0, help="operations sent ahead to the worker")
+    parser.add_argument(
+        "--batches-per-task",
+        type=auto_or(positive),
+        default="auto",
+        help="batches per Prefect task (default auto: grown from the measured step time to tasks of about 2 s)",
+    )
+    parser.add_argument(
+        "--pipeline-depth",
+        type=auto_or(non_negative),
+        default="auto",
+        help="operations sent ahead to the worker (default auto: 2)",
+    )
     parser.add_argument(
         "--background-checkpoints",
         action="store_true",

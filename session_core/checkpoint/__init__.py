@@ -6,7 +6,7 @@ content-addressed store beside the checkpoints. Files are written through a hash
 verifying one: no file is ever held whole in memory, and a damaged file raises CheckpointDamagedError.
 
     format.py   the index, its version, digests and on-disk names (what a checkpoint is)
-    digest.py   chunked sha256 computed in helper threads while a file is written or read
+    digest.py   the file digests (BLAKE3; sha256 schemes of older formats) computed in helper threads during I/O
     writer.py   write_checkpoint (an atomic directory commit) and store_blob (the blob store)
     reader.py   open_checkpoint / read_checkpoint, Checkpoint and its VerifiedReader, index-only queries
 """

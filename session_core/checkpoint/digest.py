@@ -1,8 +1,11 @@
-"""Hashing checkpoint files while they are written or read: chunked sha256 pieces hashed in helper threads.
+"""Hashing checkpoint files while they are written or read, in helper threads that overlap the I/O.
 
-A file's digest (see ``format``) is computed in the same pass as its write or read: each completed piece of
-``chunk_bytes`` goes to a shared thread pool (hashlib releases the GIL), so hashing overlaps the I/O and several
-pieces hash at once; a plain sha256 (format-2 entries) is updated in order by one thread. Buffers are bounded.
+A file's digest (see ``format``) is computed in the same pass as its write or read. BLAKE3 (format 4): one hasher
+per file, itself multithreaded (``blake3(max_threads=HASH_THREADS)``), fed in order by one helper thread, so that
+hashing piece k overlaps the I/O of piece k+1; small pieces with nothing pending are hashed at once in the calling
+thread (no hand-off latency for the many small files of a checkpoint). Chunked sha256 (format 3): each completed
+piece of ``chunk_bytes`` goes to a shared pool and several pieces hash at once. Plain sha256 (format 2): updated in
+order by one helper thread. hashlib and blake3 release the GIL while hashing. Buffers are bounded.
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from prefect_gliner2.session_core.checkpoint.format import chunked_header
+import blake3
+
+from prefect_gliner2.session_core.checkpoint.format import DigestScheme, chunked_header
 from prefect_gliner2.session_core.errors import CheckpointError
 
-__all__ = ["CHUNK_BYTES", "HASH_CHUNK_BYTES", "HASH_THREADS", "HashStream", "set_hash_threads"]
+__all__ = ["CHUNK_BYTES", "HASH_THREADS", "INLINE_BELOW", "MULTITHREAD_FROM", "HashStream", "set_hash_threads"]
 
 #: Bytes per read or write call and per piece handed to the hash (bounded buffers, hashing overlapped with I/O).
 CHUNK_BYTES = 8 << 20
-#: Piece size of the chunked sha256 written into new indexes (each entry records its own; readers use that one).
-HASH_CHUNK_BYTES = 8 << 20
-#: Threads hashing pieces in parallel (at most this many times two, plus two, pieces wait to be hashed): the CPUs
-#: this process may use, at most 8; a session worker sets it to its slot's ``cpu_threads`` (``set_hash_threads``).
+#: Pieces shorter than this are hashed in the calling thread when no earlier piece is still being hashed.
+INLINE_BELOW = 1 << 20
+#: Files known to be shorter than this are hashed by one BLAKE3 thread (its threads cost microseconds per call).
+MULTITHREAD_FROM = 4 << 20
+#: Threads hashing one stream (BLAKE3's own threads, or chunked-sha256 pieces in parallel; at most this many times
+#: two, plus two, pieces wait to be hashed): the CPUs this process may use, at most 8; a session worker sets it to
+#: its slot's ``cpu_threads`` (``set_hash_threads``).
 HASH_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
@@ -32,7 +40,7 @@ _pools_lock = threading.Lock()
 
 
 def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """The shared hashing pool with `threads` threads (1: in submission order, for plain sha256 streams)."""
+    """The shared hashing pool with `threads` threads (1: in submission order, for the ordered streams)."""
     with _pools_lock:
         pool = _pools.get(threads)
         if pool is None:
@@ -68,16 +76,22 @@ def _pieces_digest(pieces: list[memoryview]) -> bytes:
 
 
 class HashStream:
-    """The hash of a byte stream fed in order, computed in helper threads while the caller does the I/O.
+    """The digest (`scheme`, see ``format``) of a byte stream fed in order, computed in helper threads while the
+    caller does the I/O.
 
-    `chunk_bytes` None: the plain sha256 (format-2 entries), updated in order by one thread. Otherwise the chunked
-    sha256 (see the module docstring): each completed piece is hashed by the next free thread. Buffers given to
-    `add` are hashed later: they must stay unchanged until `hexdigest` returns. At most ``2 * HASH_THREADS + 2``
-    hash jobs are pending; `add` waits for the oldest beyond that (bounded memory when buffers are temporary)."""
+    Buffers given to `add` may be hashed later: they must stay unchanged until `hexdigest` returns. At most
+    ``2 * HASH_THREADS + 2`` hash jobs are pending; `add` waits for the oldest beyond that (bounded memory when
+    buffers are temporary). `size_hint`: the stream's length when known; BLAKE3 uses one thread below
+    ``MULTITHREAD_FROM``."""
 
-    def __init__(self, chunk_bytes: int | None) -> None:
-        self._chunk = chunk_bytes
-        self._plain = hashlib.sha256() if chunk_bytes is None else None
+    def __init__(self, scheme: DigestScheme, size_hint: int | None = None) -> None:
+        self._scheme = scheme
+        self._ordered: Any = None
+        if scheme.key == "blake3":
+            small = size_hint is not None and size_hint < MULTITHREAD_FROM
+            self._ordered = blake3.blake3(max_threads=1 if small else HASH_THREADS)
+        elif scheme.key == "sha256":
+            self._ordered = hashlib.sha256()
         self._pieces: list[memoryview] = []
         self._filled = 0
         self.size = 0
@@ -86,27 +100,36 @@ class HashStream:
 
     def add(self, view: memoryview) -> None:
         self.size += len(view)
-        if self._plain is not None:
-            self._submit(_pool(1), self._plain.update, view)
+        if self._ordered is not None:
+            if len(view) < INLINE_BELOW and self._idle():
+                self._ordered.update(view)
+            else:
+                self._submit(_pool(1), self._ordered.update, view)
             return
-        assert self._chunk is not None
+        chunk = self._scheme.chunk_bytes
+        assert chunk is not None
         while len(view):
-            take = min(len(view), self._chunk - self._filled)
+            take = min(len(view), chunk - self._filled)
             self._pieces.append(view[:take])
             self._filled += take
             view = view[take:]
-            if self._filled == self._chunk:
+            if self._filled == chunk:
                 self._seal()
 
     def hexdigest(self) -> str:
-        if self._plain is not None:
+        if self._ordered is not None:
             for job in self._jobs[self._settled :]:
                 job.result()
-            return self._plain.hexdigest()
+            return str(self._ordered.hexdigest())
         if self._pieces:
             self._seal()
         digests = b"".join(job.result() for job in self._jobs)
-        return hashlib.sha256(chunked_header(self._chunk or 0, self.size) + digests).hexdigest()
+        header = chunked_header(self._scheme.chunk_bytes or 0, self.size)
+        return hashlib.sha256(header + digests).hexdigest()
+
+    def _idle(self) -> bool:
+        """No submitted piece is still being hashed (so that one hashed here keeps the order)."""
+        return not self._jobs or self._jobs[-1].done()
 
     def _seal(self) -> None:
         pieces, self._pieces, self._filled = self._pieces, [], 0

@@ -20,8 +20,7 @@ from prefect_gliner2.session_core.checkpoint.format import (
     RESUMABLE_VERSION,
     FileRef,
     check_index,
-    entry_chunk_bytes,
-    entry_digest,
+    entry_scheme,
     load_index,
 )
 from prefect_gliner2.session_core.errors import CheckpointDamagedError, CheckpointError
@@ -49,7 +48,8 @@ class VerifiedReader:
         self._entry = entry
         self.name = name
         self.uri = uri
-        self._hash = digest.HashStream(entry_chunk_bytes(entry, f"checkpoint {uri}: {name}"))
+        self._scheme = entry_scheme(entry, f"checkpoint {uri}: {name}")
+        self._hash = digest.HashStream(self._scheme, size_hint=self.expected_bytes)
 
     @property
     def size(self) -> int:
@@ -86,10 +86,10 @@ class VerifiedReader:
             self._hash.add(memoryview(rest))
         if self.size != self.expected_bytes:
             raise self._truncated(self.size)
-        if self._hash.hexdigest() != entry_digest(self._entry):
+        if self._hash.hexdigest() != self._entry[self._scheme.key]:
             raise CheckpointDamagedError(
-                f"checkpoint file {self.name} in {self.uri} does not match its recorded sha256: edited or corrupted; "
-                "use an earlier checkpoint"
+                f"checkpoint file {self.name} in {self.uri} does not match its recorded {self._scheme.label}: edited "
+                "or corrupted; use an earlier checkpoint"
             )
 
     def _truncated(self, size: int) -> CheckpointError:
@@ -122,8 +122,10 @@ class Checkpoint:
         return name in self._entries
 
     def check_sizes(self) -> None:
-        """Every listed file exists with its listed size (a stat each; contents are checked while reading)."""
+        """Every listed file exists with its listed size and a digest of a known scheme (a stat each; contents are
+        checked while reading)."""
         for name, (file_path, entry) in self._entries.items():
+            entry_scheme(entry, f"checkpoint {self.uri}: {name}")
             if not self._fs.exists(file_path):
                 raise CheckpointDamagedError(
                     f"checkpoint {self.uri} is missing {name}; restore it from a copy or use an earlier checkpoint"
@@ -137,7 +139,7 @@ class Checkpoint:
 
     @contextmanager
     def open(self, name: str) -> Iterator[VerifiedReader]:
-        """Stream one file; on a clean exit the rest is read and size and sha256 are checked (CheckpointError)."""
+        """Stream one file; on a clean exit the rest is read and size and digest are checked (CheckpointError)."""
         file_path, entry = self._entry(name)
         handle = _open_sequential(file_path) if is_local(self._fs) else self._fs.open(file_path, "rb")
         with handle:

@@ -18,6 +18,7 @@ from typing import IO, Any
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import digest
 from prefect_gliner2.session_core.checkpoint.format import (
+    BLAKE3,
     BLOB_DIR,
     INDEX_FILE,
     FileRef,
@@ -30,38 +31,60 @@ from prefect_gliner2.session_core.storage import directory_commit, fsync_dir, is
 
 __all__ = ["Payload", "store_blob", "write_checkpoint"]
 
-#: Written pieces shorter than this are copied before hashing (a caller may reuse a small buffer at once).
-_COPY_BELOW = 1 << 20
+#: Written pieces shorter than this are gathered into one buffer of this size before they are hashed and written
+#: (a caller may reuse a small buffer at once; one hash call and one write per MiB instead of one per tensor).
+_GATHER_BELOW = 1 << 20
 
 #: A checkpoint file: its bytes, or a callable that writes them into the (hashing) stream it is given.
 Payload = bytes | Callable[[IO[bytes]], None]
 
 
 class _HashingWriter:
-    """A write-only stream that hashes (chunked sha256) and counts what passes through, the hash overlapping the
-    write. Buffers of 1 MiB and more are hashed in place: they must stay unchanged until the payload returns."""
+    """A write-only stream that hashes (BLAKE3) and counts what passes through, the hash overlapping the write.
+    Small pieces are gathered (copied) first; buffers of 1 MiB and more are hashed in place: they must stay
+    unchanged until the payload returns. A file that ends up smaller than ``digest.MULTITHREAD_FROM`` is hashed
+    in one thread (no thread start-up for the many small files of a checkpoint)."""
 
     def __init__(self, handle: IO[bytes]) -> None:
         self._handle = handle
-        self._hash = digest.HashStream(digest.HASH_CHUNK_BYTES)
+        self._hash: digest.HashStream | None = None
+        self._gathered = bytearray()
         self.size = 0
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        if len(view) < _COPY_BELOW:
-            view = memoryview(bytes(view))
-        for start in range(0, len(view), digest.CHUNK_BYTES):
-            piece = view[start : start + digest.CHUNK_BYTES]
-            self._hash.add(piece)  # hashed by the pool while the write below copies it out
-            self._handle.write(piece)
+        if len(view) < _GATHER_BELOW:
+            self._gathered += view
+            if len(self._gathered) >= _GATHER_BELOW:
+                self._drain(final=False)
+        else:
+            self._drain(final=False)
+            self._out(view, final=False)
         self.size += len(view)
         return len(view)
 
     def flush(self) -> None:
+        self._drain(final=False)
         self._handle.flush()
 
     def entry(self) -> dict[str, Any]:
-        return {"chunked_sha256": self._hash.hexdigest(), "chunk_bytes": digest.HASH_CHUNK_BYTES, "bytes": self.size}
+        self._drain(final=True)
+        if self._hash is None:
+            self._hash = digest.HashStream(BLAKE3, size_hint=0)  # an empty file
+        return {BLAKE3.key: self._hash.hexdigest(), "bytes": self.size}
+
+    def _drain(self, *, final: bool) -> None:
+        if self._gathered:
+            gathered, self._gathered = self._gathered, bytearray()  # a new buffer: the old one may still be hashed
+            self._out(memoryview(gathered), final=final)
+
+    def _out(self, view: memoryview, *, final: bool) -> None:
+        if self._hash is None:  # the whole file is this view when it is also the last one
+            self._hash = digest.HashStream(BLAKE3, size_hint=len(view) if final else None)
+        for start in range(0, len(view), digest.CHUNK_BYTES):
+            piece = view[start : start + digest.CHUNK_BYTES]
+            self._hash.add(piece)  # hashed in a helper thread while the write below copies it out
+            self._handle.write(piece)
 
 
 def _emit(handle: IO[bytes], payload: Payload) -> dict[str, Any]:
@@ -113,8 +136,7 @@ def write_checkpoint(
 
 
 def store_blob(checkpoint_uri: str, payload: Payload, extension: str) -> FileRef:
-    """Write `payload` once into the content-addressed store beside `checkpoint_uri`
-    (`../blobs/chunked-sha256-<hex>.<ext>`)
+    """Write `payload` once into the content-addressed store beside `checkpoint_uri` (`../blobs/blake3-<hex>.<ext>`)
     and return the reference a checkpoint index records. Same content, same name: storing twice keeps one file."""
     if not re.fullmatch(r"[a-z]+", extension):
         raise CheckpointError(f"invalid blob extension {extension!r}")

@@ -56,10 +56,15 @@ MID_WINDOW = (0, 2, 4, 6, 8, 10)  # batch i+1 not trained yet while batch i's gr
 CHECKPOINTS = (3, 5, 7, 11)
 VALIDATIONS = (5, 11)
 LAST = 11
-# Two cases run the flow pipelined (operations sent to the worker ahead of their task; one also groups batches per
-# task), so kills also land while pre-sent operations are in flight.
+# "span" runs the default execution (automatic grain, operations sent ahead); "boundary" one task per batch, nothing
+# sent ahead; the others pin pipelining (one also groups batches per task), so kills also land while pre-sent
+# operations are in flight.
 CASES: dict[str, dict[str, Any]] = {
-    "boundary": {"model": "tiny:boundary", "lora": False, "flow": {}},
+    "boundary": {
+        "model": "tiny:boundary",
+        "lora": False,
+        "flow": {"execution": {"batches_per_task": 1, "pipeline_depth": 0}},
+    },
     "span-lora": {"model": "tiny:span", "lora": True, "flow": {"execution": {"pipeline_depth": 2}}},
     "span": {"model": "tiny:span", "lora": False, "flow": {}},
     "boundary-lora": {

@@ -1,0 +1,63 @@
+"""The automatic task grain (the default): units grow from one batch as the worker times them, and a run killed and
+resumed with it trains exactly what an uninterrupted run trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefect_gliner2.flows import driver
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
+from prefect_gliner2.runtime.schedule import Unit
+
+from support.config import training_config
+from support.flow import (
+    assert_same_export,
+    flow_child,
+    make_inputs,
+    reference_export,
+    run_flow,
+    tiny_model_dir,
+    wait_for_marker,
+)
+from support.processes import kill9
+
+
+def test_a_run_killed_and_resumed_with_the_automatic_grain_equals_an_uninterrupted_run(
+    prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 48 records, batch 2, accumulation 2, 2 epochs: 48 batches; checkpoints every 4 updates (8 batches) and at
+    # the epoch ends; the defaults: batches_per_task "auto", pipeline_depth "auto"
+    inputs = make_inputs(tmp_path / "data", n_train=48)
+    model = tiny_model_dir(tmp_path, "span")
+    params: dict[str, Any] = dict(
+        model=model,
+        train_data=inputs["train"],
+        valid_data=inputs["valid"],
+        config=training_config(),
+        run_key="auto-grain",
+        storage=str(tmp_path / "runs"),
+        checkpointing={"checkpoint_every": 4},
+    )
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    crashed = flow_child(params, FaultPlan((Fault.pause("batch", 37, 120),), markers=str(markers)), prefect_server)
+    try:
+        wait_for_marker(markers, "batch-37", crashed, timeout=240)  # past the checkpoint after batch 31
+    finally:
+        output = kill9(crashed)  # the flow process; its worker dies with it
+    assert "Traceback" not in output, output[-3000:]
+
+    units: list[Unit] = []
+    original = driver.run_unit
+    monkeypatch.setattr(driver, "run_unit", lambda key, unit, **kw: units.append(unit) or original(key, unit, **kw))
+    summary = run_flow(**params)
+    assert summary["resumed_from_batch"] == 32 and summary["worker_starts"] == 1
+    advances = [u for u in units if u.kind == "advance"]
+    assert advances[0].first == 32 and advances[-1].through == 47
+    assert [u.through - u.first + 1 for u in advances[:3]] == [1, 1, 1]  # three sent ahead before any was timed
+    assert max(u.through - u.first + 1 for u in advances) >= 4  # then grown (x4 per timed unit, to the boundaries)
+    reference = reference_export(model, inputs, training_config(), tmp_path / "direct")
+    assert_same_export(summary["export"], reference)
