@@ -178,8 +178,13 @@ def test_kills_during_uploads_and_pruning_on_s3_then_an_immediate_flow_run_retry
     died = flow_child(params, plan, prefect_server, env)
     died.communicate(timeout=300)
     assert died.returncode == -9
-    assert run_dir.uncommitted_checkpoints() == ["step-000002-batch-000003"]  # half-pruned
-    assert run_dir.read_cursor().checkpoint == "step-000003-batch-000005"  # type: ignore[union-attr]
+    cursor = run_dir.read_cursor().checkpoint  # type: ignore[union-attr]
+    assert cursor == "step-000003-batch-000005"
+    uncommitted = run_dir.uncommitted_checkpoints()
+    assert "step-000002-batch-000003" in uncommitted  # half-pruned: its index gone, its files not yet
+    # with the default pipelining the worker may already be writing the next checkpoint when the flow prunes:
+    # anything else uncommitted lies after the cursor (in flight), never at or before it
+    assert all(name > cursor for name in uncommitted if name != "step-000002-batch-000003"), uncommitted
 
     # 3. killed mid-upload of the export: a partial export with its pending marker, a local staging copy in TMPDIR
     worker = _crash_at(params, "export-write:11", tmp_path / "m3", prefect_server, env)
