@@ -177,6 +177,7 @@ def _states(flow_run_id: UUID) -> list[str]:
         return [state.type.value for state in client.read_flow_run_states(flow_run_id)]
 
 
+@pytest.mark.fleet  # served deployments running four points two at a time with kills: ~2 min, `make test-fleet`
 def test_a_killed_sweep_resumes_without_duplicates_and_crashed_points_resume_exactly(
     served_with_pause: Path, prefect_server: str, tmp_path: Path
 ) -> None:
