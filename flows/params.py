@@ -63,6 +63,9 @@ Metric = Literal[
     "eval_classification_f1",
     "eval_structure_f1",
     "eval_macro_f1",
+    "eval_f1_order_min",
+    "eval_f1_order_max",
+    "eval_f1_canonical",
     "eval_loss",
     "eval_classification_loss",
     "eval_structure_loss",
@@ -192,6 +195,28 @@ class TrainingSettings(_Form):
         description="Validation also extracts with the live model and scores precision, recall and F1 per label.",
     )
     eval_threshold: Fraction = Field(default=0.5, description="Span threshold of validation's extraction.")
+    label_order_trials: int = Field(
+        default=3,
+        ge=1,
+        description="Validation asks each record's labels in this many seeded random orders, as users' code would, "
+        "and reports the lowest and highest F1 (eval_f1_order_min/max); eval_f1 is the first order's, "
+        "eval_f1_canonical the data's own order's.",
+    )
+    shuffle_entity_labels: bool = Field(
+        default=True,
+        description="Train with each record's entity labels in a random order (gliner2's shuffle_entities), so the "
+        "model does not tie a label to its place in the prompt.",
+    )
+    negative_label_prob: Fraction = Field(
+        default=0.5,
+        description="Probability that each label of the training data a record does not list is asked of it with an "
+        "empty answer, so the model learns to answer none (deterministic from seed, epoch and record).",
+    )
+    synthetic_entity_label_prob: Fraction = Field(
+        default=0.2,
+        description="Probability that a record's entity labels are replaced by 'entity 1..n' while training "
+        "(gliner2's own augmentation; its default 0.2).",
+    )
     metric_for_best: Metric = Field(
         default="auto",
         description="Validation metric that selects the best model and drives early stopping; auto is eval_f1 "

@@ -42,7 +42,12 @@ def evaluate_models_here(
         try:
             loaded = session.load_weights(init_weights_dir(uri, bool(settings.use_lora)))
             metrics = evaluate_session(
-                session, batches, extraction=bool(settings.eval_extraction), threshold=float(settings.eval_threshold)
+                session,
+                batches,
+                extraction=bool(settings.eval_extraction),
+                threshold=float(settings.eval_threshold),
+                seed=int(settings.seed),
+                label_order_trials=int(settings.label_order_trials),
             )
             metrics.update(
                 uri=uri,

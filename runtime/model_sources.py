@@ -4,6 +4,7 @@
     "fastino/gliner2-base-v1"  a Hugging Face model id (needs the hub, or its files in the local HF cache)
     "tiny:span"                a tiny offline span model (hidden 32, 1 layer, seed 0), built in code (and cached)
     "tiny:boundary:64x2"       a tiny boundary model with hidden size 64 and 2 layers
+    "tiny:span:64x2:deberta"   the same sizes on a DeBERTa-v3-style encoder (relative attention; the demo's model)
 
 ``model_architecture`` answers "span or boundary?" without importing torch (the flow process plans with it);
 ``load_model`` builds the model in the worker process.
@@ -25,24 +26,28 @@ __all__ = ["check_model_source", "load_model", "model_architecture", "parse_tiny
 
 TINY_PREFIX = "tiny:"
 CACHE_ENV = "PREFECT_GLINER2_CACHE"
-_TINY = re.compile(r"^tiny:(span|boundary)(?::(\d+)x(\d+))?$")
+_TINY = re.compile(r"^tiny:(span|boundary)(?::(\d+)x(\d+))?(?::(bert|deberta))?$")
+# the encoder families a tiny source may name: BERT (absolute positions, the default) or a DeBERTa-v3-style encoder
+# (relative attention: a label's meaning does not depend on its place in the prompt, as with gliner2's released models)
+_TINY_ENCODERS: dict[str, tuple[str, bool]] = {"bert": ("bert", False), "deberta": ("deberta-v2", True)}
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def parse_tiny(source: str) -> tuple[str, int, int] | None:
-    """('span'|'boundary', hidden_size, num_layers) for a 'tiny:...' source, None for anything else."""
+def parse_tiny(source: str) -> tuple[str, int, int, str] | None:
+    """('span'|'boundary', hidden_size, num_layers, 'bert'|'deberta') for a 'tiny:...' source, None for anything
+    else."""
     if not source.startswith(TINY_PREFIX):
         return None
     match = _TINY.match(source)
     if match is None:
         raise ConfigError(
             f"unknown built-in model {source!r}; use 'tiny:span', 'tiny:boundary' or e.g. 'tiny:span:64x2' "
-            "(hidden size x layers)"
+            "(hidden size x layers) or 'tiny:span:64x2:deberta' (a DeBERTa-v3-style encoder)"
         )
     hidden, layers = int(match.group(2) or 32), int(match.group(3) or 1)
     if hidden < 8 or layers < 1:
         raise ConfigError(f"tiny model {source!r}: hidden size must be >= 8 and layers >= 1")
-    return match.group(1), hidden, layers
+    return match.group(1), hidden, layers, match.group(4) or "bert"
 
 
 def check_model_source(source: str) -> None:
@@ -105,18 +110,28 @@ def load_model(source: str) -> Any:
     return AutoExtractor.from_pretrained(str(path))
 
 
-def tiny_model_dir(architecture: str, hidden: int, layers: int) -> str:
+def tiny_model_dir(architecture: str, hidden: int, layers: int, encoder: str = "bert") -> str:
     """The built-in tiny model as a directory in $PREFECT_GLINER2_CACHE (default ~/.cache/prefect-gliner2), built
     once (deterministic bytes), so exported LoRA adapters name a base model directory that exists. The name carries
     the builders' revision: a directory built by an older revision (a random count head) is never reused."""
     from prefect_gliner2.session_core.tiny import TINY_MODEL_REVISION, save_tiny_model
 
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "prefect-gliner2")
-    path = os.path.join(cache, f"tiny-{architecture}-{hidden}x{layers}-seed0-{TINY_MODEL_REVISION}")
+    family = "" if encoder == "bert" else f"-{encoder}"
+    path = os.path.join(cache, f"tiny-{architecture}-{hidden}x{layers}{family}-seed0-{TINY_MODEL_REVISION}")
     if not os.path.isfile(os.path.join(path, MODEL_WEIGHTS_FILE)):
         os.makedirs(cache, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tiny-{architecture}-", dir=cache)
-        save_tiny_model(staging, architecture, 0, hidden_size=hidden, num_layers=layers)
+        family_name, deberta_v3 = _TINY_ENCODERS[encoder]
+        save_tiny_model(
+            staging,
+            architecture,
+            0,
+            hidden_size=hidden,
+            num_layers=layers,
+            encoder=family_name,
+            deberta_v3=deberta_v3,
+        )
         try:
             os.rename(staging, path)
         except OSError:  # another process built it first (same bytes)

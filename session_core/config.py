@@ -25,7 +25,16 @@ __all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "OWN_FIELDS"
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = ("encoder", "span_rep", "classifier", "count_embed", "count_pred")
 
 # Our own fields: not part of gliner2's native TrainingConfig.
-OWN_FIELDS: frozenset[str] = frozenset({"eval_extraction", "eval_threshold"})
+OWN_FIELDS: frozenset[str] = frozenset(
+    {
+        "eval_extraction",
+        "eval_threshold",
+        "label_order_trials",
+        "shuffle_entity_labels",
+        "negative_label_prob",
+        "synthetic_entity_label_prob",
+    }
+)
 
 # Fields that change neither the batch schedule nor the numerics: excluded from fingerprint_fields().
 NON_FINGERPRINT_FIELDS: frozenset[str] = frozenset({"output_dir", "experiment_name", "logging_steps"})
@@ -51,7 +60,15 @@ class TrainingConfig:
 
     Our own fields (not passed to gliner2's config): ``eval_extraction`` (validation also extracts with gliner2's
     batched inference and scores precision/recall/F1; default True) and ``eval_threshold`` (the span threshold of
-    that inference, in [0, 1], default gliner2's 0.5).
+    that inference, in [0, 1], default gliner2's 0.5); ``label_order_trials`` (validation asks each record's labels
+    in that many seeded random orders and reports the spread; the first order gives ``eval_f1``; default 3).
+
+    Augmentation, so that a model does not tie a label to its place in the prompt (on by default; deterministic: it
+    draws from the session's checkpointed preprocessing stream or from the plan's seed, epoch and record position):
+    ``shuffle_entity_labels`` (gliner2's ``SamplingConfig.shuffle_entities``: each occurrence's entity labels in a
+    random order), ``negative_label_prob`` (each entity label of the training data that a record does not list is
+    asked with an empty answer with this probability, so the model learns to say "none"), and
+    ``synthetic_entity_label_prob`` (gliner2's: a record's labels replaced by "entity 1..n"; gliner2's default 0.2).
 
     Refused outright (the session never drops data, changes precision or skips an update silently):
     fp16, distributed training (``local_rank != -1``), ``compile_model``, ``skip_step_errors``,
@@ -130,6 +147,10 @@ class TrainingConfig:
     max_eval_samples: int = -1
     eval_extraction: bool = True
     eval_threshold: float = 0.5
+    label_order_trials: int = 3
+    shuffle_entity_labels: bool = True
+    negative_label_prob: float = 0.5
+    synthetic_entity_label_prob: float = 0.2
 
     def __post_init__(self) -> None:
         check_config(self)  # normalises, then raises one ConfigError listing every problem

@@ -54,6 +54,7 @@ FIELD_KINDS: dict[str, str] = {
             "local_rank",
             "max_train_samples",
             "max_eval_samples",
+            "label_order_trials",
         ],
         _INT,
     ),
@@ -75,6 +76,8 @@ FIELD_KINDS: dict[str, str] = {
             "gold_injection_hold_frac",
             "lora_alpha",
             "lora_dropout",
+            "negative_label_prob",
+            "synthetic_entity_label_prob",
         ],
         _FLOAT,
     ),
@@ -98,6 +101,7 @@ FIELD_KINDS: dict[str, str] = {
             "use_lora",
             "lora_use_dora",
             "eval_extraction",
+            "shuffle_entity_labels",
         ],
         _BOOL,
     ),
@@ -303,6 +307,9 @@ def _check_choices(cfg: TrainingConfig) -> list[str]:
     need(bool(cfg.output_dir), "output_dir must be a non-empty path or URL")
     need(bool(cfg.metric_for_best), "metric_for_best must be a non-empty metric name such as 'eval_f1'")
     need(0.0 <= cfg.eval_threshold <= 1.0, f"eval_threshold must be in [0, 1], got {cfg.eval_threshold}")
+    need(cfg.label_order_trials >= 1, f"label_order_trials must be >= 1, got {cfg.label_order_trials}")
+    for name in ("negative_label_prob", "synthetic_entity_label_prob"):
+        need(0.0 <= getattr(cfg, name) <= 1.0, f"{name} must be a probability in [0, 1], got {getattr(cfg, name)}")
     need(
         cfg.eval_extraction or not is_extraction_metric(str(cfg.metric_for_best)),
         f"metric_for_best={cfg.metric_for_best!r} is an extraction metric but eval_extraction=False; "

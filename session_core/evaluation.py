@@ -11,10 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from prefect_gliner2.session_core.label_order import CANONICAL, LABEL_ORDERS, SHUFFLED, shuffle_schema
 from prefect_gliner2.session_core.metrics import LOSS_SOURCES
 from prefect_gliner2.session_core.scoring import DatasetSchema, ScoreReport, inference_schema, score_records
 
-__all__ = ["PER_LABEL_KEY", "evaluate_session", "model_extractor", "native_losses", "score_extraction"]
+__all__ = [
+    "PER_LABEL_KEY",
+    "evaluate_session",
+    "model_extractor",
+    "native_losses",
+    "order_robustness",
+    "score_extraction",
+]
 
 PER_LABEL_KEY = "per_label"  # the per-label rows inside a validation metrics entry
 Pair = tuple[str, dict[str, Any]]
@@ -31,19 +39,52 @@ def native_losses(session: Any, batches: Sequence[Sequence[Pair]]) -> dict[str, 
     return {key: value / len(batches) for key, value in totals.items()}
 
 
-def score_extraction(pairs: Sequence[Pair], extract: Extract) -> ScoreReport:
-    """Extract every record's text with the data set's schema (one batched call) and score it against its gold."""
+def score_extraction(
+    pairs: Sequence[Pair], extract: Extract, *, label_order: str = SHUFFLED, seed: int = 0, trial: int = 0
+) -> ScoreReport:
+    """Extract every record's text with the data set's schema (one batched call) and score it against its gold.
+
+    ``label_order``: ``"shuffled"`` (the default) asks each record's labels in its own seeded random order
+    (``label_order.shuffle_schema`` with the record's position, `seed` and `trial`), as a user's code would;
+    ``"canonical"`` asks them in the data set's own order, the order training records list them."""
+    if label_order not in LABEL_ORDERS:
+        raise ValueError(f"label_order must be one of {list(LABEL_ORDERS)}, got {label_order!r}")
     outputs: list[Mapping[str, Any]] = [output for _, output in pairs]
     dataset = DatasetSchema.of(outputs)
     schemas = [inference_schema(output, dataset) for output in outputs]
+    if label_order == SHUFFLED:
+        schemas = [shuffle_schema(s, seed=seed, position=i, trial=trial) for i, s in enumerate(schemas)]
     predictions = extract([text for text, _ in pairs], schemas)
     return score_records(outputs, predictions, dataset)
 
 
+def order_robustness(
+    pairs: Sequence[Pair], extract: Extract, *, seed: int, trials: int
+) -> tuple[ScoreReport, dict[str, float]]:
+    """The report under the default shuffled order (trial 0), and the order metrics (metrics.ORDER_KEYS): micro F1
+    in the canonical order, lowest and highest micro F1 over `trials` seeded orders."""
+    reports = [score_extraction(pairs, extract, seed=seed, trial=t) for t in range(max(1, trials))]
+    canonical = score_extraction(pairs, extract, label_order=CANONICAL)
+    f1s = [report.metrics()["eval_f1"] for report in reports]
+    order = {
+        "eval_f1_canonical": canonical.metrics()["eval_f1"],
+        "eval_f1_order_min": min(f1s),
+        "eval_f1_order_max": max(f1s),
+    }
+    return reports[0], order
+
+
 def evaluate_session(
-    session: Any, batches: Sequence[Sequence[Pair]], *, extraction: bool, threshold: float
+    session: Any,
+    batches: Sequence[Sequence[Pair]],
+    *,
+    extraction: bool,
+    threshold: float,
+    seed: int = 0,
+    label_order_trials: int = 1,
 ) -> dict[str, Any]:
-    """The validation metrics of the live model: losses, then (with `extraction`) P/R/F1 and the per-label rows."""
+    """The validation metrics of the live model: losses, then (with `extraction`) P/R/F1 under seeded shuffled label
+    orders, the order metrics and the per-label rows (see :func:`order_robustness`)."""
     metrics: dict[str, Any] = dict(native_losses(session, batches))
     if extraction:
         pairs = [pair for batch in batches for pair in batch]
@@ -52,8 +93,9 @@ def evaluate_session(
         def extract(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return session.extract(texts, schemas, threshold=threshold, batch_size=size)
 
-        report = score_extraction(pairs, extract)
+        report, order = order_robustness(pairs, extract, seed=seed, trials=label_order_trials)
         metrics.update(report.metrics())
+        metrics.update(order)
         metrics[PER_LABEL_KEY] = report.rows()
     return metrics
 

@@ -176,6 +176,8 @@ class ManagedTraining:
             self._eval_batches,
             extraction=bool(self.config.eval_extraction),
             threshold=float(self.config.eval_threshold),
+            seed=int(self.config.seed),
+            label_order_trials=int(self.config.label_order_trials),
         )
         metrics.update(step=self.session.step, epoch=self.plan.epoch(self.cursor - 1), batch=self.cursor - 1)
         self.eval_metrics_history.append(metrics)

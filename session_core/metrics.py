@@ -13,6 +13,8 @@ __all__ = [
     "KIND_F1_KEYS",
     "LOSS_KEYS",
     "LOSS_SOURCES",
+    "ORDER_KEYS",
+    "SCORE_KEYS",
     "greater_is_better_for",
     "is_extraction_metric",
 ]
@@ -33,8 +35,13 @@ KIND_F1_KEYS: dict[str, str] = {
     "classifications": "eval_classification_f1",
     "structures": "eval_structure_f1",
 }
-# micro precision / recall / F1 over every task kind, the per-kind F1s and the macro F1 over labels
-EXTRACTION_KEYS: tuple[str, ...] = ("eval_precision", "eval_recall", "eval_f1", *KIND_F1_KEYS.values(), "eval_macro_f1")
+# micro precision / recall / F1 over every task kind, the per-kind F1s and the macro F1 over labels: what one scoring
+# pass gives, asking each record's labels in its seeded random order (label_order.py; trial 0)
+SCORE_KEYS: tuple[str, ...] = ("eval_precision", "eval_recall", "eval_f1", *KIND_F1_KEYS.values(), "eval_macro_f1")
+# label-order robustness: micro F1 with the labels in the data set's own order (the order training records list them),
+# and the lowest and highest micro F1 over `label_order_trials` seeded random orders (trial 0 is eval_f1's)
+ORDER_KEYS: tuple[str, ...] = ("eval_f1_canonical", "eval_f1_order_min", "eval_f1_order_max")
+EXTRACTION_KEYS: tuple[str, ...] = SCORE_KEYS + ORDER_KEYS
 EVAL_KEYS: tuple[str, ...] = LOSS_KEYS + EXTRACTION_KEYS
 
 DEFAULT_METRIC = "eval_f1"

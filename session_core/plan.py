@@ -1,6 +1,7 @@
 """Content-addressed training plan: which rows form each batch, and where updates, epochs and validations fall.
 
-Algorithm, version ``PLAN_ALGORITHM_VERSION = 1`` (any change to it must bump the version):
+Algorithm, version ``PLAN_ALGORITHM_VERSION = 2`` (any change to it must bump the version; v2 added negative
+labels):
 
 Random stream. ``random_keys(seed, epoch, purpose, count)`` returns ``count`` unsigned 64-bit keys: key ``j`` is
 bytes ``[8j, 8j + 8)``, read little-endian, of SHAKE-256 of the ASCII string
@@ -26,6 +27,10 @@ epoch has ``U = ceil(P / A)`` updates. ``max_steps = U * num_epochs``, unless ``
 the native trainer, it sets ``max_steps`` and the number of epochs ``ceil(max_steps / U)``, and the plan ends at
 the batch that completes update ``max_steps`` (that batch also ends the last, truncated epoch).
 
+Negative labels (v2): a batch's records carry, with probability ``config.negative_label_prob`` each, the entity
+labels of the training data they do not list, as empty answers; the draw depends only on (seed, epoch, row)
+(see ``augment.py``), never on a random stream's state.
+
 Validation after batch ``i``'s update: ``eval_strategy="epoch"``: every epoch end (including the plan's last
 batch); ``"steps"``: every update that makes the step count a multiple of ``eval_steps`` (epoch-end flushes
 included); ``"no"``: never. Like the native trainer, no extra validation is added at the end of a "steps" plan.
@@ -47,6 +52,7 @@ from array import array
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from prefect_gliner2.session_core.augment import entity_label_set, with_negative_labels
 from prefect_gliner2.session_core.canonical import RecordSet, canonical_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
@@ -93,6 +99,7 @@ class ManagedTrainingPlan:
         self._records = load_records(examples, what="training")
         self._grouped = config.group_by_length and architecture == "boundary"
         self._epoch_orders: dict[int, array] = {}
+        self._entity_labels: tuple[str, ...] | None = None  # for negative labels, on first use
         self._layout()
         self._fingerprint = self._compute_fingerprint()
 
@@ -236,12 +243,26 @@ class ManagedTrainingPlan:
             index=i,
             epoch=self.epoch(i),
             rows=rows,
-            examples=tuple(self._records.examples(rows)),
+            examples=tuple(self._augmented(rows, self.epoch(i))),
             is_update=self.is_update(i),
             is_epoch_end=self.is_epoch_end(i),
             is_validation=self.is_validation(i),
             window_size=self.window_size(i),
         )
+
+    def _augmented(self, rows: tuple[int, ...], epoch: int) -> list[dict[str, Any]]:
+        """The rows' canonical records with negative labels added (``negative_label_prob``; see augment.py)."""
+        examples = self._records.examples(rows)
+        probability = float(self._config.negative_label_prob)
+        if probability <= 0.0:
+            return examples
+        if self._entity_labels is None:
+            self._entity_labels = entity_label_set(self._records.examples())
+        seed = int(self._config.seed)
+        return [
+            with_negative_labels(example, self._entity_labels, probability, seed=seed, epoch=epoch, row=row)
+            for example, row in zip(examples, rows, strict=True)
+        ]
 
     def updates(self) -> list[int]:
         """Indices of every batch followed by an optimizer step, in order (``len == max_steps``)."""

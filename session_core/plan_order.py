@@ -12,7 +12,7 @@ from array import array
 
 __all__ = ["PLAN_ALGORITHM_VERSION", "group_by_length", "random_keys", "shuffled"]
 
-PLAN_ALGORITHM_VERSION = 1
+PLAN_ALGORITHM_VERSION = 2
 
 
 def shuffled(count: int, seed: int, epoch: int, purpose: str) -> list[int]:
@@ -23,7 +23,8 @@ def shuffled(count: int, seed: int, epoch: int, purpose: str) -> list[int]:
 
 def random_keys(seed: int, epoch: int, purpose: str, count: int) -> array:
     """``count`` uint64 keys of the plan's own deterministic stream (see the module docstring)."""
-    label = f"prefect-gliner2/plan/v{PLAN_ALGORITHM_VERSION}/{purpose}/seed={seed}/epoch={epoch}".encode("ascii")
+    # the stream's name keeps "v1": v2 changed what a batch holds (negative labels), not the row order
+    label = f"prefect-gliner2/plan/v1/{purpose}/seed={seed}/epoch={epoch}".encode("ascii")
     keys = array("Q", hashlib.shake_256(label).digest(8 * count) if count else b"")
     if sys.byteorder == "big":
         keys.byteswap()

@@ -63,6 +63,11 @@ class TrainingSession(SessionCheckpointing):
             raise ConfigError(
                 "trainer_factory must return a prefect_gliner2.session_core.engine.SessionEngine (or subclass)"
             )
+        engine_mod.configure_sampling(
+            self._engine.processor,
+            shuffle_entities=self.config.shuffle_entity_labels,
+            synthetic_entity_label_prob=self.config.synthetic_entity_label_prob,
+        )
         self._engine.prepare(self.max_steps)
         self._identity = describe_model(self._engine.model, self._engine.processor)
         self.provenance: dict[str, Any] = {"base_model_hash": self._base_hash(), "loaded_weights": None}

@@ -276,7 +276,14 @@ def test_to_native_kwargs_maps_every_field() -> None:
     cfg = _cfg(bf16=True, lora_target_modules=["encoder"])
     kwargs = cfg.to_native_kwargs()
     assert set(kwargs) == set(cfg.to_dict()) - OWN_FIELDS
-    assert OWN_FIELDS == {"eval_extraction", "eval_threshold"}
+    assert OWN_FIELDS == {
+        "eval_extraction",
+        "eval_threshold",
+        "label_order_trials",
+        "shuffle_entity_labels",
+        "negative_label_prob",
+        "synthetic_entity_label_prob",
+    }
     assert kwargs["lora_target_modules"] == ["encoder"] and isinstance(kwargs["lora_target_modules"], list)
     assert kwargs["fp16"] is False and kwargs["bf16"] is True and kwargs["num_workers"] == 0
 

@@ -16,7 +16,8 @@ from prefect_gliner2.session_core import (
     SessionStateError,
     TrainingSession,
 )
-from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS
+from prefect_gliner2.session_core.label_order import shuffle_schema
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, SCORE_KEYS
 from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
 from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
 
@@ -287,13 +288,23 @@ def test_validation_scores_what_gliner2_extracts_and_restores_train_mode():
     # the same numbers from gliner2's public API on the live model, at the configured threshold
     records = eval_records()
     labels = list(DatasetSchema.of([r["output"] for r in records]).entities)  # the data's labels, first-seen order
-    extracted = session.model.batch_extract_entities([r["input"] for r in records], labels, batch_size=8, threshold=0.0)
+    texts, golds = [r["input"] for r in records], [r["output"] for r in records]
+    canonical = session.model.batch_extract_entities(texts, labels, batch_size=8, threshold=0.0)
+    # each record asked its labels in its own seeded order (label_order.py: the config's seed, the record's position)
+    orders = [shuffle_schema({"entities": labels}, seed=run.config.seed, position=i)["entities"] for i in range(4)]
+    assert len({tuple(order) for order in orders}) > 1  # the orders really differ between records
+    shuffled = [
+        session.model.batch_extract_entities([text], order, batch_size=8, threshold=0.0)[0]
+        for text, order in zip(texts, orders, strict=True)
+    ]
     session.model.train()
     session.engine.processor.change_mode(is_training=True)
-    expected = score_records([r["output"] for r in records], extracted)
+    expected = score_records(golds, shuffled)
     assert expected.total().predicted > 0  # threshold 0 extracts: the comparison is not vacuous
-    assert {k: metrics[k] for k in EXTRACTION_KEYS} == expected.metrics()
+    assert {k: metrics[k] for k in SCORE_KEYS} == expected.metrics()
     assert metrics["per_label"] == expected.rows()
+    assert metrics["eval_f1_canonical"] == score_records(golds, canonical).metrics()["eval_f1"]
+    assert metrics["eval_f1_order_min"] <= metrics["eval_f1"] <= metrics["eval_f1_order_max"]
     assert run.best_metric == metrics["eval_f1"] and run.config.greater_is_better is True
 
 

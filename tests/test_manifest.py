@@ -54,7 +54,7 @@ def test_manifest_content() -> None:
     plan = _plan(eval_strategy="steps", eval_steps=2)
     manifest = plan.to_manifest(eval_examples=_records(2, offset=100))
     assert manifest["schema"] == {"name": MANIFEST_SCHEMA_NAME, "version": MANIFEST_SCHEMA_VERSION}
-    assert manifest["plan_algorithm_version"] == 1 and manifest["architecture"] == "boundary"
+    assert manifest["plan_algorithm_version"] == 2 and manifest["architecture"] == "boundary"
     assert manifest["config"] == plan.config.to_dict() and manifest["fingerprint"] == plan.fingerprint
     assert manifest["batches"] == [list(plan.rows(i)) for i in range(plan.batch_count)]
     assert (

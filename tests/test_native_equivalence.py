@@ -15,7 +15,7 @@ from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, Extrac
 from gliner2.training.trainer import TrainingConfig as NativeConfig
 
 from prefect_gliner2.session_core import TrainingSession
-from prefect_gliner2.session_core.engine import private_python_rng
+from prefect_gliner2.session_core.engine import configure_sampling, private_python_rng
 
 from support.session import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct, train_records
 
@@ -72,7 +72,9 @@ class PlanOrderTrainer(ExtractorTrainer):
 
 @pytest.mark.parametrize(("arch", "lora"), CASES, ids=CASE_IDS)
 def test_session_reproduces_native_train_bitwise(arch, lora, tmp_path):
-    config = make_config(arch, lora, output_dir=str(tmp_path / "native"))
+    # negative labels are a data-level augmentation of the plan (augment.py) that native train() does not have; the
+    # processor's sampling (entity label shuffling, synthetic labels) is gliner2's own and is compared as configured
+    config = make_config(arch, lora, output_dir=str(tmp_path / "native"), negative_label_prob=0.0)
     plan = make_plan(arch, config)
 
     session = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)
@@ -91,7 +93,14 @@ def test_session_reproduces_native_train_bitwise(arch, lora, tmp_path):
         save_best=False,
     )
     dataset = ExtractorDataset([record.to_dict() for record in plan.records], shuffle=False)
-    trainer = PlanOrderTrainer(make_model(arch), NativeConfig(**native_kwargs))
+    native_model = make_model(arch)
+    configure_sampling(
+        native_model.processor,
+        shuffle_entities=config.shuffle_entity_labels,
+        synthetic_entity_label_prob=config.synthetic_entity_label_prob,
+    )
+    assert native_model.processor.sampling_config.shuffle_entities  # the default: entity labels shuffled
+    trainer = PlanOrderTrainer(native_model, NativeConfig(**native_kwargs))
     trainer.plan, trainer.originals = plan, train_records()
     # the caller's key order is not sorted: the session must train on it as given, as native train() does
     assert any(list(r["output"]["entities"]) != sorted(r["output"]["entities"]) for r in trainer.originals)

@@ -24,6 +24,8 @@ from prefect_gliner2.session_core.plan import (
 )
 from prefect_gliner2.session_core.records import load_records
 
+from support.config import training_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -72,12 +74,12 @@ def test_seven_records_batch_two_accumulation_three_two_epochs_by_hand() -> None
 
 def test_golden_rows_and_fingerprint_pin_the_algorithm() -> None:
     """If this fails, the plan algorithm changed: bump PLAN_ALGORITHM_VERSION and update the golden values."""
-    assert PLAN_ALGORITHM_VERSION == 1
+    assert PLAN_ALGORITHM_VERSION == 2  # v2: negative labels in the batches (augment.py); the rows did not move
     plan = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(plan) == [(2, 6), (5, 1), (4, 3), (0,), (4, 1), (2, 6), (0, 5), (3,)]
     # the fingerprint also covers the config's fields: it moved when eval_extraction / eval_threshold and the eval_f1
-    # selection default arrived (the rows above did not)
-    assert plan.fingerprint == "efdd1577cdcc4e58d4a698af27034e1f350ef2309bc167b98e6284d0c3e1985d"
+    # selection default arrived, and again with the augmentation settings and label_order_trials (the rows did not)
+    assert plan.fingerprint == "eddffedc3718185d82dbce25834842e28f49964727fe7ae495707a2a5bb1734b"
     grouped = _plan(7, "boundary", batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(grouped) == [(5, 1), (2, 6), (4, 0), (3,), (2, 6), (1, 5), (4, 0), (3,)]
 
@@ -248,7 +250,7 @@ def test_fingerprint_covers_records_config_and_architecture() -> None:
     payload = {
         "architecture": "span",
         "config": base.config.fingerprint_fields(),
-        "plan_algorithm_version": 1,
+        "plan_algorithm_version": 2,
         "record_count": 10,
         "records_sha256": hashlib.sha256(b"".join(base.records.digest(i) for i in range(10))).hexdigest(),
     }
@@ -346,3 +348,38 @@ def test_selection_policy_and_repr() -> None:
     )
     assert plan.selection.to_dict()["early_stopping_patience"] == 2
     assert plan.fingerprint[:12] in repr(plan) and len(plan) == plan.batch_count
+
+
+def test_negative_labels_are_drawn_per_seed_epoch_and_row() -> None:
+    """A batch holds the same records with the same negative labels whenever it is asked for (resume, another
+    process); a record gets labels of the data set it does not list, as empty answers, and keeps its own."""
+    records = [
+        {"input": "Ada met Bob", "output": {"entities": {"person": ["Ada", "Bob"]}}},
+        {"input": "Paris is big", "output": {"entities": {"city": ["Paris"]}}},
+        {"input": "Acme hired", "output": {"entities": {"company": ["Acme"]}}},
+        {"input": "a topic", "output": {"classifications": [{"task": "t", "labels": ["a", "b"], "true_label": ["a"]}]}},
+    ] * 4
+    config = TrainingConfig(**training_config(negative_label_prob=0.5, num_epochs=3, gradient_accumulation_steps=1))
+    plan = ManagedTrainingPlan(records, config, architecture="span")
+    again = ManagedTrainingPlan(records, config, architecture="span")
+    batches = [plan.batch(i) for i in range(plan.batch_count)]
+    assert batches == [again.batch(i) for i in range(again.batch_count)]
+    added = 0
+    for batch in batches:
+        for row, example in zip(batch.rows, batch.examples, strict=True):
+            own = records[row]["output"].get("entities")
+            entities = example["output"].get("entities")
+            if own is None:  # not an entity record: nothing asked of it
+                assert "entities" not in example["output"]
+                continue
+            assert {k: v for k, v in entities.items() if k in own} == own
+            extra = set(entities) - set(own)
+            assert extra <= {"person", "city", "company"} and all(entities[label] == [] for label in extra)
+            added += len(extra)
+    assert 0 < added < sum(len(b.rows) for b in batches) * 2  # some, not all (p = 0.5)
+    none = TrainingConfig(**training_config(negative_label_prob=0.0, num_epochs=3, gradient_accumulation_steps=1))
+    plain = ManagedTrainingPlan(records, none, architecture="span")
+    assert all(
+        [records[r] for r in b.rows] == [dict(e) for e in b.examples]
+        for b in (plain.batch(i) for i in range(plain.batch_count))
+    )

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from prefect_gliner2.session_core.errors import RecordError
-from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS
+from prefect_gliner2.session_core.metrics import SCORE_KEYS
 from prefect_gliner2.session_core.scoring import (
     Counts,
     DatasetSchema,
@@ -88,7 +88,7 @@ def test_empty_gold_and_empty_predictions():
     none = score_records([empty_gold], [{"entities": {}}])
     assert none.labels == {("entities", "person"): Counts()}
     metrics = none.metrics()
-    assert set(metrics) == set(EXTRACTION_KEYS)
+    assert set(metrics) == set(SCORE_KEYS)
     assert all(value == 0.0 and not math.isnan(value) for value in metrics.values())
     spurious = score_records([empty_gold], [{"entities": {"person": ["Zoe"]}}])
     assert spurious.labels[("entities", "person")] == Counts(fp=1)

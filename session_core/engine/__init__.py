@@ -45,6 +45,7 @@ from prefect_gliner2.session_core.engine.lora import (
 )
 from prefect_gliner2.session_core.engine.precision import configure_determinism, native_config, resolve_device
 from prefect_gliner2.session_core.engine.rng import preserved_rng, private_python_rng
+from prefect_gliner2.session_core.engine.setup import configure_sampling
 from prefect_gliner2.session_core.engine.trainer import LOSS_KEYS, Pair, SessionEngine
 
 # The public path: a checkpoint records its trainer's qualified name (the session's compat "trainer", checked on
@@ -57,6 +58,7 @@ __all__ = [
     "Pair",
     "SessionEngine",
     "configure_determinism",
+    "configure_sampling",
     "expected_targets",
     "is_adapter_parameter",
     "is_peft",

@@ -10,8 +10,10 @@ Touches gliner2 internals: the ``_setup_*`` hooks, ``_get_model_config``, ``mode
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +23,20 @@ from gliner2.training.trainer import TrainingConfig as NativeTrainingConfig
 from prefect_gliner2.session_core.engine.lora import is_adapter_parameter, is_peft, unwrap, validate_adapter
 from prefect_gliner2.session_core.errors import AdapterMismatchError, ConfigError
 
-__all__ = ["EngineSetup"]
+__all__ = ["EngineSetup", "configure_sampling"]
+
+
+def configure_sampling(processor: Any, *, shuffle_entities: bool, synthetic_entity_label_prob: float) -> None:
+    """Set the training-time sampling of gliner2's processor (``SamplingConfig``) for a session: a new config object
+    replacing the processor's), with entity label shuffling and synthetic labels as the session's
+    configuration asks. The processor draws from the session's private stream (see ``rng.py``), so the sampling is
+    as exact on resume as the rest of preprocessing."""
+    from gliner2.processor import SamplingConfig
+
+    current = getattr(processor, "sampling_config", None) or SamplingConfig()
+    processor.sampling_config = dataclasses.replace(
+        current, shuffle_entities=bool(shuffle_entities), synthetic_entity_label_prob=float(synthetic_entity_label_prob)
+    )
 
 
 class EngineSetup(ExtractorTrainer):
