@@ -291,6 +291,7 @@ def test_evaluate_prints_per_label_scores_and_totals(
 ) -> None:
     from gliner2 import AutoExtractor
 
+    from prefect_gliner2.session_core.label_order import shuffle_schema
     from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
     from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
 
@@ -303,8 +304,20 @@ def test_evaluate_prints_per_label_scores_and_totals(
     model = AutoExtractor.from_pretrained(scored["model"])
     labels = list(DatasetSchema.of([r["output"] for r in records]).entities)  # the data's labels, first-seen order
     assert sorted(labels) == sorted(TINY_ENTITY_TYPES)
-    extracted = model.batch_extract_entities([r["input"] for r in records], labels, threshold=0.0)
+    # each record's labels asked in its own seeded order (seed 0, the first of the --orders trials), one at a time
+    orders = [shuffle_schema({"entities": labels}, seed=0, position=i)["entities"] for i in range(len(records))]
+    assert len({tuple(order) for order in orders}) > 1  # the orders differ between records
+    extracted = [
+        model.batch_extract_entities([r["input"]], order, threshold=0.0)[0] for r, order in zip(records, orders)
+    ]
     expected = score_records([r["output"] for r in records], extracted)
+    canonical = score_records(
+        [r["output"] for r in records],
+        model.batch_extract_entities([r["input"] for r in records], labels, threshold=0.0),
+    )
+    assert report["label_order"]["eval_f1_canonical"] == canonical.metrics()["eval_f1"]
+    assert report["label_order"]["eval_f1_order_min"] <= expected.metrics()["eval_f1"]
+    assert expected.metrics()["eval_f1"] <= report["label_order"]["eval_f1_order_max"]
     assert expected.total().predicted > 0  # threshold 0: the random model extracts, so the numbers are not all 0
     assert report["metrics"] == expected.metrics() and report["per_label"] == expected.rows()
     assert (report["threshold"], report["records"], report["total"]["support"]) == (0.0, 6, expected.total().support)
