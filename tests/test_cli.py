@@ -308,7 +308,8 @@ def test_evaluate_prints_per_label_scores_and_totals(
     orders = [shuffle_schema({"entities": labels}, seed=0, position=i)["entities"] for i in range(len(records))]
     assert len({tuple(order) for order in orders}) > 1  # the orders differ between records
     extracted = [
-        model.batch_extract_entities([r["input"]], order, threshold=0.0)[0] for r, order in zip(records, orders)
+        model.batch_extract_entities([r["input"]], order, threshold=0.0)[0]
+        for r, order in zip(records, orders, strict=True)
     ]
     expected = score_records([r["output"] for r in records], extracted)
     canonical = score_records(
