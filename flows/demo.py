@@ -26,7 +26,7 @@ DEMO_SIZES: dict[str, int] = {"train": 300, "valid": 40, "test": 60, "examples":
 DEMO_CONFIG: dict[str, Any] = {
     "fp16": False,
     "bf16": False,
-    "num_epochs": 12,
+    "num_epochs": 8,
     "batch_size": 8,
     "gradient_accumulation_steps": 1,
     "eval_strategy": "epoch",
