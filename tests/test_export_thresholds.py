@@ -58,3 +58,37 @@ def test_no_validation_extraction_records_no_thresholds(tmp_path):
     run.run()
     run.export_weights(str(tmp_path / "best"))
     assert read_thresholds(str(tmp_path / "best")) is None
+
+
+def test_evaluate_uses_the_recorded_thresholds_unless_one_is_passed(tmp_path, capsys):
+    from prefect_gliner2.flows.cli import main
+    from prefect_gliner2.session_core.thresholds import Thresholds
+    from prefect_gliner2.session_core.tiny import save_tiny_model, tiny_records
+
+    model = save_tiny_model(tmp_path / "model", "span", seed=0)
+    recorded = Thresholds(threshold=0.0, entities={"city": 1.0}, fitted=True, details={"records": 6, "f1": 0.5})
+    (model / "export.json").write_text(json.dumps({"label": "best", "step": 3, "thresholds": recorded.to_dict()}))
+    data = tmp_path / "gold.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in tiny_records(6, seed=3)))
+
+    def evaluate(*extra: str) -> tuple[dict, str]:
+        out = tmp_path / "report.json"
+        assert (
+            main(["evaluate", "--model", str(model), "--data", str(data), "--orders", "1", "--json", str(out), *extra])
+            == 0
+        )
+        return json.loads(out.read_text()), capsys.readouterr().out
+
+    def predicted(report: dict, label: str) -> int:
+        return next(row["tp"] + row["fp"] for row in report["per_label"] if row["label"] == label)
+
+    own, printed = evaluate()
+    assert own["thresholds"] == {"source": "fitted", **recorded.to_dict()} and own["threshold"] == 0.0
+    assert predicted(own, "city") == 0 and predicted(own, "person") > 0  # city's own 1.0 silences it, only it
+    assert (
+        "thresholds 0 (entities city 1), fitted on 6 validation records" in printed and "(the model's own)" in printed
+    )
+    explicit, printed = evaluate("--threshold", "0.0")
+    assert explicit["thresholds"]["source"] == "explicit" and explicit["thresholds"]["entities"] == {}
+    assert predicted(explicit, "city") > 0 and predicted(explicit, "person") == predicted(own, "person")
+    assert "thresholds 0 (--threshold)" in printed
