@@ -4,13 +4,16 @@ then really extracts with."""
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
+import pytest
 import torch
 
 from prefect_gliner2.session_core import ManagedTraining, TrainingSession
 from prefect_gliner2.session_core.evaluation import model_extractor, score_extraction
 from prefect_gliner2.session_core.pairs import to_pairs
-from prefect_gliner2.session_core.thresholds import fixed, read_thresholds
+from prefect_gliner2.session_core.thresholds import describe, fixed, read_thresholds
 from prefect_gliner2.session_core.weights import load_exported_model
 
 from support.session import eval_records, make_config, make_model, make_plan, snapshot
@@ -92,3 +95,59 @@ def test_evaluate_uses_the_recorded_thresholds_unless_one_is_passed(tmp_path, ca
     assert explicit["thresholds"]["source"] == "explicit" and explicit["thresholds"]["entities"] == {}
     assert predicted(explicit, "city") > 0 and predicted(explicit, "person") == predicted(own, "person")
     assert "thresholds 0 (--threshold)" in printed
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_training_run_exports_the_selected_step_with_fitted_thresholds(tmp_path):
+    from prefect_gliner2.flows.cli.progress import describe as progress_text
+    from prefect_gliner2.runtime.heldout import evaluate_models_here
+
+    from support.config import training_config
+    from support.flow import make_space, run_flow
+
+    space = make_space(tmp_path)
+    # selected by eval_f1 (the default) at 0.5: the tiny model finds nothing at 0.5 at either validation, so the
+    # first (step 3 of 6) stays best (a later one must be strictly better): best != final
+    config = training_config()
+    summary = run_flow(
+        model=space["span"],
+        train_data=space["inputs"]["train"],
+        valid_data=space["inputs"]["valid"],
+        config=config,
+        run_key="thresholds",
+        storage=str(tmp_path / "runs"),
+    )
+    assert (summary["label"], summary["best_step"], summary["export_step"], summary["total_steps"]) == ("best", 3, 3, 6)
+    recorded = json.loads((Path(summary["export"]) / "export.json").read_text())
+    assert recorded["step"] == 3 and recorded["thresholds"] == summary["thresholds"]
+    fitted = read_thresholds(summary["export"])
+    assert fitted.fitted and fitted.details["step"] == 3 and fitted.details["records"] == 4
+    line = f"exported the best model (weights of step 3) to {summary['export']}; {describe(fitted)}"
+    assert line in _run_logs(summary["flow_run_id"], "exported the")  # the export task's line, as the UI shows it
+    assert "validation records: micro F1" in describe(fitted)
+    assert f"{describe(fitted)}" in progress_text(summary)  # what `prefect-gliner2 train` prints at the end
+
+    # held-out scoring (evaluate_models, retraining's comparison) uses them by default; an explicit value overrides
+    scored = evaluate_models_here({"m": summary["export"]}, space["span"], space["inputs"]["valid"], config)["m"]
+    assert scored["threshold_source"] == "fitted" and scored["eval_f1"] == fitted.details["f1"] > 0.0
+    explicit = evaluate_models_here(
+        {"m": summary["export"]}, space["span"], space["inputs"]["valid"], config, 1, None, 0.5
+    )
+    assert explicit["m"]["threshold_source"] == "explicit" and explicit["m"]["eval_f1"] == fitted.details["f1_default"]
+
+
+def _run_logs(flow_run_id: str, containing: str, timeout: float = 30.0) -> list[str]:
+    """The flow run's log messages in the Prefect API (sent in batches: poll until one contains `containing`)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    query = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]))
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            messages = [log.message for log in client.read_logs(log_filter=query)]
+            if any(containing in m for m in messages) or time.monotonic() > deadline:
+                return messages
+            time.sleep(0.5)
