@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, KIND_F1_KEYS, LOSS_KEYS
+from prefect_gliner2.session_core.thresholds import describe as describe_thresholds
 
 __all__ = [
     "NAME_LABEL",
@@ -102,7 +103,9 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
     lines = [
         f"# GLiNER2 training run `{run_key}`",
         "",
-        f"- **model exported**: `{summary.get('export')}` ({summary.get('label')} weights)",
+        f"- **model exported**: `{summary.get('export')}` ({summary.get('label')} weights of step "
+        f"{summary.get('export_step')})",
+        f"- {describe_thresholds(summary.get('thresholds'))}",
         f"- **steps**: {summary.get('total_steps')} over {summary.get('total_epochs')} epoch(s)"
         + (" — stopped early" if summary.get("stopped_early") else ""),
         f"- **best {metric}**: {_rounded(best) if best is not None else 'n/a (no validation)'}"

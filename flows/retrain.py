@@ -324,7 +324,8 @@ def _comparison(test_data: str | list[str] | None, valid_data: str | list[str]) 
 
 
 def _metrics(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: values[k] for k in (*EVAL_KEYS, "per_label", "examples", "uri") if k in values}
+    keys = (*EVAL_KEYS, "per_label", "examples", "uri", "thresholds", "threshold_source")
+    return {k: values[k] for k in keys if k in values}
 
 
 def _emit_decision(

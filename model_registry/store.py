@@ -7,7 +7,8 @@
 A version directory is complete when its `lineage.json` exists (written last); incomplete ones are invisible. The
 pointer is replaced atomically (a temp file renamed over it locally; a single object write elsewhere), so a reader
 sees the old or the new version, never half of one. Rolling back is pointing CURRENT at an older version. Lineage
-records where a version came from: base model hash, data fingerprint, manifest fingerprint, run key, metrics.
+records where a version came from: base model hash, data fingerprint, manifest fingerprint, run key, metrics, and
+the extraction thresholds fitted at export (``thresholds``, from the model's export.json; None when it has none).
 Every URI it stores and reports is absolute (a local root is made absolute). Torch-free and Prefect-free.
 """
 
@@ -31,6 +32,7 @@ from prefect_gliner2.session_core.layout import (
     REGISTRY_VERSIONS_DIR,
 )
 from prefect_gliner2.session_core.storage import absolute_uri
+from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY, read_thresholds
 
 __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
 
@@ -121,6 +123,8 @@ class ModelRegistry:
             with src_fs.open(entry, "rb") as reader, self.fs.open(f"{target}/{relative}", "wb") as writer:
                 writer.write(reader.read())
         record = {**lineage, "version": version, "registered_at": time.time(), "source": absolute_uri(source)}
+        recorded = read_thresholds(source)  # the thresholds fitted at export travel with the version
+        record[THRESHOLDS_KEY] = recorded.to_dict() if recorded is not None else None
         self._write_atomic(f"{target}/{REGISTRY_LINEAGE_FILE}", json.dumps(record, indent=1, sort_keys=True).encode())
         return self.get(version)
 

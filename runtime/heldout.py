@@ -10,7 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["evaluate_models_here"]
+from prefect_gliner2.session_core.thresholds import Thresholds, fixed, read_thresholds
+
+__all__ = ["evaluate_models_here", "model_thresholds"]
+
+
+def model_thresholds(uri: str, explicit: float | None, default: float) -> tuple[Thresholds, str]:
+    """The thresholds to score the model at `uri` with, and where they come from: ``"explicit"`` (the caller's
+    value), ``"fitted"`` (its export.json's), else ``"default"`` (`default`, the config's eval_threshold)."""
+    if explicit is not None:
+        return fixed(explicit), "explicit"
+    recorded = read_thresholds(uri)
+    return (recorded, "fitted") if recorded is not None else (fixed(default), "default")
 
 
 def evaluate_models_here(
@@ -20,8 +31,11 @@ def evaluate_models_here(
     config: Mapping[str, Any],
     cpu_threads: int = 1,
     device: str | None = None,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
-    """The evaluation itself (runs in the child; imports torch)."""
+    """The evaluation itself (runs in the child; imports torch). Each model extracts with the thresholds its
+    export.json records (fitted on its validation data), else at the config's ``eval_threshold``; an explicit
+    `threshold` replaces both."""
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
@@ -41,11 +55,12 @@ def evaluate_models_here(
         session = TrainingSession(load_model(base_model), settings, max_steps=1, device=device)
         try:
             loaded = session.load_weights(init_weights_dir(uri, bool(settings.use_lora)))
+            chosen, source = model_thresholds(uri, threshold, float(settings.eval_threshold))
             metrics = evaluate_session(
                 session,
                 batches,
                 extraction=bool(settings.eval_extraction),
-                threshold=float(settings.eval_threshold),
+                threshold=chosen,
                 seed=int(settings.seed),
                 label_order_trials=int(settings.label_order_trials),
             )
@@ -54,6 +69,8 @@ def evaluate_models_here(
                 examples=len(pairs),
                 base_model_hash=session.provenance["base_model_hash"],
                 weights_sha256=loaded.get("weights_sha256") or loaded.get("adapter_sha256"),
+                thresholds=chosen.to_dict(),
+                threshold_source=source,
             )
             results[label] = metrics
         finally:

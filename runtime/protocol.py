@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from prefect_gliner2.runtime.errors import permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.faults import FaultPlan
 from prefect_gliner2.session_core.errors import SessionCoreError, StorageFullError, WorkerError
+from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
 
 __all__ = [
     "Advance",
@@ -176,6 +177,7 @@ class ExportResult:
     base_model_hash: str | None
     weights_sha256: str
     summary: SummaryResult
+    thresholds: dict[str, Any] | None = None  # Thresholds.to_dict() fitted on validation data, if any
 
     @classmethod
     def from_record(cls, record: dict[str, Any], uri: str, label: str, summary: SummaryResult) -> ExportResult:
@@ -190,6 +192,7 @@ class ExportResult:
             base_model_hash=record.get("base_model_hash"),
             weights_sha256=record["weights_sha256"],
             summary=summary,
+            thresholds=record.get(THRESHOLDS_KEY),
         )
 
 

@@ -362,6 +362,8 @@ def _summary(run: OpenRun, info: ExportResult, cursor: DurableCursor | None, uni
         "run_dir": live.run_dir.uri,
         "export": info.uri,
         "label": info.label,
+        "export_step": info.step,
+        "thresholds": info.thresholds,
         "checkpoint": cursor.checkpoint if cursor is not None else None,
         "checkpoints": live.run_dir.checkpoints_uri,
         "total_steps": native.total_steps,

@@ -238,7 +238,8 @@ class SessionRunner:
         label = "best" if request.which == "best" and run.best_state is not None else "final"
         existing = _existing_export(uri)
         if existing is not None:
-            if existing.get("label") != label or existing.get("step") != run.session.step:
+            step = run.best_step if label == "best" else run.session.step
+            if existing.get("label") != label or existing.get("step") != step:
                 from prefect_gliner2.session_core.errors import WeightsError
 
                 raise WeightsError(

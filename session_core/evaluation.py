@@ -14,10 +14,12 @@ from typing import Any
 from prefect_gliner2.session_core.label_order import CANONICAL, LABEL_ORDERS, SHUFFLED, shuffle_schema
 from prefect_gliner2.session_core.metrics import LOSS_SOURCES
 from prefect_gliner2.session_core.scoring import DatasetSchema, ScoreReport, inference_schema, score_records
+from prefect_gliner2.session_core.thresholds import Thresholds, fixed
 
 __all__ = [
     "PER_LABEL_KEY",
     "evaluate_session",
+    "extraction_schemas",
     "model_extractor",
     "native_losses",
     "order_robustness",
@@ -47,15 +49,24 @@ def score_extraction(
     ``label_order``: ``"shuffled"`` (the default) asks each record's labels in its own seeded random order
     (``label_order.shuffle_schema`` with the record's position, `seed` and `trial`), as a user's code would;
     ``"canonical"`` asks them in the data set's own order, the order training records list them."""
+    outputs: list[Mapping[str, Any]] = [output for _, output in pairs]
+    schemas = extraction_schemas(outputs, label_order=label_order, seed=seed, trial=trial)
+    predictions = extract([text for text, _ in pairs], schemas)
+    return score_records(outputs, predictions, DatasetSchema.of(outputs))
+
+
+def extraction_schemas(
+    outputs: Sequence[Mapping[str, Any]], *, label_order: str = SHUFFLED, seed: int = 0, trial: int = 0
+) -> list[dict[str, Any]]:
+    """The schema each gold output is extracted with (the data set's labels, see ``scoring.inference_schema``), its
+    labels in the record's seeded random order (``label_order="shuffled"``) or the data set's own."""
     if label_order not in LABEL_ORDERS:
         raise ValueError(f"label_order must be one of {list(LABEL_ORDERS)}, got {label_order!r}")
-    outputs: list[Mapping[str, Any]] = [output for _, output in pairs]
     dataset = DatasetSchema.of(outputs)
     schemas = [inference_schema(output, dataset) for output in outputs]
     if label_order == SHUFFLED:
         schemas = [shuffle_schema(s, seed=seed, position=i, trial=trial) for i, s in enumerate(schemas)]
-    predictions = extract([text for text, _ in pairs], schemas)
-    return score_records(outputs, predictions, dataset)
+    return schemas
 
 
 def order_robustness(
@@ -79,19 +90,22 @@ def evaluate_session(
     batches: Sequence[Sequence[Pair]],
     *,
     extraction: bool,
-    threshold: float,
+    threshold: float | Thresholds,
     seed: int = 0,
     label_order_trials: int = 1,
 ) -> dict[str, Any]:
     """The validation metrics of the live model: losses, then (with `extraction`) P/R/F1 under seeded shuffled label
-    orders, the order metrics and the per-label rows (see :func:`order_robustness`)."""
+    orders, the order metrics and the per-label rows (see :func:`order_robustness`). `threshold`: one value for
+    every label, or a model's :class:`Thresholds` (per-label values written into each schema)."""
+    chosen = threshold if isinstance(threshold, Thresholds) else fixed(threshold)
     metrics: dict[str, Any] = dict(native_losses(session, batches))
     if extraction:
         pairs = [pair for batch in batches for pair in batch]
         size = max((len(batch) for batch in batches), default=1)
 
         def extract(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            return session.extract(texts, schemas, threshold=threshold, batch_size=size)
+            applied = [chosen.apply(schema) for schema in schemas]
+            return session.extract(texts, applied, threshold=chosen.threshold, batch_size=size)
 
         report, order = order_robustness(pairs, extract, seed=seed, trials=label_order_trials)
         metrics.update(report.metrics())
@@ -100,17 +114,19 @@ def evaluate_session(
     return metrics
 
 
-def model_extractor(model: Any, *, threshold: float = 0.5, batch_size: int = 8) -> Extract:
-    """gliner2's public batched extraction (``batch_extract``) on a loaded model, for scoring an exported model."""
+def model_extractor(model: Any, *, threshold: float | Thresholds = 0.5, batch_size: int = 8) -> Extract:
+    """gliner2's public batched extraction (``batch_extract``) on a loaded model, for scoring an exported model, at
+    one `threshold` or a model's :class:`Thresholds`."""
+    chosen = threshold if isinstance(threshold, Thresholds) else fixed(threshold)
 
     def extract(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         import torch
         from gliner2.inference.schema import Schema
 
-        built = [Schema.from_dict(dict(schema)) for schema in schemas]
+        built = [Schema.from_dict(chosen.apply(schema)) for schema in schemas]
         with torch.no_grad():
             results: list[dict[str, Any]] = model.batch_extract(
-                texts, built, batch_size=batch_size, threshold=threshold
+                texts, built, batch_size=batch_size, threshold=chosen.threshold
             )
         return results
 

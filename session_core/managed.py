@@ -23,6 +23,7 @@ Background checkpoints split `save_state` in two: `prepare_checkpoint` snapshots
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -47,7 +48,9 @@ from prefect_gliner2.session_core.pairs import to_pairs
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.session import TrainingSession
 from prefect_gliner2.session_core.state import read_tensors, write_tensors
-from prefect_gliner2.session_core.weights import export_weights
+from prefect_gliner2.session_core.threshold_fit import fit_with_model
+from prefect_gliner2.session_core.thresholds import Thresholds
+from prefect_gliner2.session_core.weights import export_weights, state_loaded
 
 MANAGED_KIND = "managed"
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -342,16 +345,42 @@ class ManagedTraining:
         merged: bool = False,
         before_commit: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """Export the best model (default, when validation selected one) or the final model.
+        """Export the best model (default, when validation selected one) or the final model; export.json names the
+        step its weights come from and, with validation extraction, the thresholds fitted for them (`fit_thresholds`).
 
         `before_commit` runs when the export's files are written, just before they are committed."""
         if which not in ("best", "final"):
             raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
-        if which == "best" and self.best_state is not None:
-            return export_weights(
-                self.session, uri, merged=merged, state=self.best_state, label="best", before_commit=before_commit
-            )
-        return self.session.export_weights(uri, merged=merged, before_commit=before_commit)
+        best = which == "best" and self.best_state is not None
+        state, step = (self.best_state, self.best_step) if best else (None, self.session.step)
+        fitted = self.fit_thresholds(state, step)
+        return export_weights(
+            self.session,
+            uri,
+            merged=merged,
+            state=state,
+            label="best" if best else "final",
+            step=step,
+            thresholds=fitted.to_dict() if fitted is not None else None,
+            before_commit=before_commit,
+        )
+
+    def fit_thresholds(
+        self, state: dict[str, torch.Tensor] | None = None, step: int | None = None
+    ) -> Thresholds | None:
+        """Extraction thresholds fitted on the validation records for `state` (the live weights when None), see
+        :mod:`.threshold_fit`; None without validation records or with ``eval_extraction`` off."""
+        if not self._eval_batches or not self.config.eval_extraction:
+            return None
+        pairs = [pair for batch in self._eval_batches for pair in batch]
+        size = max(len(batch) for batch in self._eval_batches)
+
+        def extract(texts: list[str], schemas: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
+            return self.session.extract(texts, schemas, threshold=threshold, batch_size=size, include_confidence=True)
+
+        with state_loaded(self.session, state):
+            fitted = fit_with_model(pairs, extract, seed=int(self.config.seed))
+        return dataclasses.replace(fitted, details={**fitted.details, "step": step})
 
     def close(self) -> None:
         self.best_state = None

@@ -130,13 +130,21 @@ class TrainingSession(SessionCheckpointing):
             return losses if return_components else losses["total_loss"]
 
     def extract(
-        self, texts: Sequence[str], schemas: Sequence[Mapping[str, Any]], *, threshold: float = 0.5, batch_size: int = 8
+        self,
+        texts: Sequence[str],
+        schemas: Sequence[Mapping[str, Any]],
+        *,
+        threshold: float = 0.5,
+        batch_size: int = 8,
+        include_confidence: bool = False,
     ) -> list[dict[str, Any]]:
         """gliner2's formatted extractions of `texts` (one ``Schema.from_dict`` schema each) from the live model; like
         `forward`, it draws no RNG and leaves modes and gradients as they were."""
         with self._lock:
             self._check_usable()
-            return self._engine.extract(texts, schemas, threshold=threshold, batch_size=batch_size)
+            return self._engine.extract(
+                texts, schemas, threshold=threshold, batch_size=batch_size, include_confidence=include_confidence
+            )
 
     def forward_backward(self, batch: Any) -> float:
         """Accumulate one micro-batch's gradients; returns the native scalar batch loss (before accumulation)."""

@@ -21,7 +21,15 @@ from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.layout import EXPORT_MARKER_FILE
 from prefect_gliner2.session_core.storage import resolve
 
-__all__ = ["DEFAULT_THRESHOLD", "THRESHOLDS_KEY", "Thresholds", "check_threshold", "fixed", "read_thresholds"]
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "THRESHOLDS_KEY",
+    "Thresholds",
+    "check_threshold",
+    "describe",
+    "fixed",
+    "read_thresholds",
+]
 
 DEFAULT_THRESHOLD = 0.5  # gliner2's own default
 THRESHOLDS_KEY = "thresholds"  # the key in export.json
@@ -99,6 +107,23 @@ class Thresholds:
             fitted=bool(data.get("fitted", False)),
             details=dict(data.get("details") or {}),
         )
+
+
+def describe(recorded: Mapping[str, Any] | Thresholds | None) -> str:
+    """Fitted thresholds in one line, with the F1 they buy: ``thresholds 0.3 (entities city 0.65), fitted on 21
+    validation records: micro F1 0.9756 vs 0.4878 at 0.5``; ``thresholds: gliner2's default 0.5`` without any."""
+    if recorded is None:
+        return f"thresholds: gliner2's default {DEFAULT_THRESHOLD} (none fitted: no validation extraction)"
+    t = recorded if isinstance(recorded, Thresholds) else Thresholds.from_dict(recorded)
+    own = [f"{kind} {label} {value:g}" for kind in KINDS for label, value in sorted(getattr(t, kind).items())]
+    text = f"thresholds {t.threshold:g}" + (f" ({', '.join(own)})" if own else "")
+    d = t.details
+    if t.fitted and "f1" in d:
+        text += (
+            f", fitted on {d.get('records')} validation records: micro F1 {float(d['f1']):.4f} vs "
+            f"{float(d.get('f1_default', 0.0)):.4f} at {DEFAULT_THRESHOLD}"
+        )
+    return text
 
 
 def fixed(threshold: float) -> Thresholds:

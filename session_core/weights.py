@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from prefect_gliner2.session_core.storage import (
     is_local,
     resolve,
 )
+from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
 
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.session import TrainingSession
@@ -222,22 +224,30 @@ def export_weights(
     merged: bool = False,
     state: Mapping[str, torch.Tensor] | None = None,
     label: str = "final",
+    step: int | None = None,
+    thresholds: Mapping[str, Any] | None = None,
     before_commit: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds).
+    """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds, taken at
+    `step`: export.json names the step the exported weights come from). `thresholds` (``Thresholds.to_dict()``)
+    are recorded in export.json under ``thresholds``.
 
     `before_commit` runs when every file is written, just before the export is committed (renamed into place on
     local storage; export.json written last elsewhere); if it raises, nothing is committed."""
     if merged and not session.is_lora:
         raise WeightsError("merged=True applies to LoRA sessions only; a full-weight export is already merged")
-    info = {
+    if state is not None and step is None:
+        raise WeightsError("export_weights of a detached state needs the step it was taken at (step=...)")
+    info: dict[str, Any] = {
         "label": label,
-        "step": session.step,
+        "step": session.step if step is None else int(step),
         "architecture": session.architecture,
         "lora": session.is_lora,
         "base_model_hash": session.provenance["base_model_hash"],
         "merged": merged,
     }
+    if thresholds is not None:
+        info[THRESHOLDS_KEY] = dict(thresholds)
     try:
         commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export", before_commit=before_commit)
     except FileExistsError:
@@ -256,6 +266,26 @@ def export_weights(
         commit.commit(json.dumps(info, indent=1, sort_keys=True).encode())
     info["uri"] = uri
     return info
+
+
+@contextmanager
+def state_loaded(session: TrainingSession, state: Mapping[str, torch.Tensor] | None) -> Iterator[None]:
+    """The live model holds `state` (a detached weights dict, e.g. the best validation weights) inside the block and
+    its own weights again after it, bit for bit; None leaves the live weights in place."""
+    if state is None:
+        yield
+        return
+    live = session.model.state_dict()
+    saved = {name: live[name].detach().clone() for name in state}
+    with torch.no_grad():
+        for name, tensor in state.items():
+            live[name].copy_(tensor)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, tensor in saved.items():
+                live[name].copy_(tensor)
 
 
 def _export_copy(copy: Any, staging: Path, *, merged: bool, lora: bool) -> None:

@@ -7,8 +7,9 @@
 Each model is loaded the way a run's ``init_weights`` is: the base model, then ``session.load_weights`` of the
 directory (its ``adapter/`` for a LoRA config). The metrics are the ones validation computes during training
 (`session_core.evaluation.evaluate_session`: native eval-mode losses averaged over ``eval_batch_size`` batches and
-extraction precision/recall/F1 at ``eval_threshold``), so a candidate scored on its validation data gets its own
-best validation metric and both models are scored on exactly the same records.
+extraction precision/recall/F1), so both models are scored on exactly the same records. Each extracts at the
+thresholds its export.json records (fitted on its own validation data at export), else at ``eval_threshold``;
+``threshold=`` replaces both.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_gliner2.runtime.heldout import evaluate_models_here
+from prefect_gliner2.session_core.thresholds import describe
 
 __all__ = ["evaluate_models"]
 
@@ -34,17 +36,19 @@ def evaluate_models(
     config: Mapping[str, Any],
     cpu_threads: int = 1,
     device: str | None = None,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
-    """{label: metrics} for each {label: model directory}, computed in one fresh spawned process."""
+    """{label: metrics} for each {label: model directory}, computed in one fresh spawned process; each model at
+    its recorded (fitted) thresholds unless an explicit `threshold` is given."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         results: dict[str, Any] = pool.submit(
-            evaluate_models_here, dict(models), base_model, valid_data, dict(config), cpu_threads, device
+            evaluate_models_here, dict(models), base_model, valid_data, dict(config), cpu_threads, device, threshold
         ).result()
     logger = get_run_logger()
     for label, metrics in results.items():
         logger.info(
-            "%s (%s) on %d held-out examples: F1 %s (P %s, R %s), eval_loss %.6f",
+            "%s (%s) on %d held-out examples: F1 %s (P %s, R %s), eval_loss %.6f; %s %s",
             label,
             metrics["uri"],
             metrics["examples"],
@@ -52,6 +56,8 @@ def evaluate_models(
             _rounded(metrics.get("eval_precision")),
             _rounded(metrics.get("eval_recall")),
             metrics["eval_loss"],
+            metrics["threshold_source"],
+            describe(metrics["thresholds"]),
         )
     return results
 

@@ -70,3 +70,17 @@ def test_register_refuses_a_non_model_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(RegistryError, match="config.json"):
         ModelRegistry(str(tmp_path / "reg"), "ner").register(str(tmp_path / "empty"), {})
+
+
+def test_a_version_carries_the_thresholds_its_export_recorded(tmp_path):
+    from prefect_gliner2.session_core.thresholds import Thresholds, read_thresholds
+
+    fitted = Thresholds(threshold=0.35, entities={"person": 0.3}, fitted=True, details={"f1": 0.9, "f1_default": 0.6})
+    exported = model_dir(tmp_path / "a", "a")
+    (exported / "export.json").write_text(json.dumps({"label": "best", "step": 4, "thresholds": fitted.to_dict()}))
+    registry = ModelRegistry(str(tmp_path / "registry"), "ner")
+    version = registry.register(str(exported), {"run_key": "r1"})
+    assert version.lineage["thresholds"] == fitted.to_dict()
+    assert read_thresholds(version.uri) == fitted  # the version's own export.json, read by evaluate and retraining
+    plain = registry.register(str(model_dir(tmp_path / "b", "b")), {"run_key": "r2"})
+    assert plain.lineage["thresholds"] is None

@@ -125,9 +125,13 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert LINEAGE_KEYS <= set(v1.lineage) and v1.lineage["promoted"] is True and v1.lineage["init_weights"] is None
     assert v1.lineage["data_fingerprint"] == data_fingerprint(str(train), valid)["data_fingerprint"]
     assert set(v1.lineage["metrics"]) == {"candidate"}
-    # the held-out score is the training run's own best validation metric (same weights, same batches)
+    # the held-out score uses the thresholds fitted at export on the same records: it is the fitted F1, and the F1
+    # those thresholds replace (at 0.5) is the training run's own best validation metric (same weights, batches)
     # (training selects by eval_f1, the default; the comparison here uses eval_loss)
-    assert v1.lineage["metrics"]["candidate"]["eval_f1"] == v1.lineage["training"]["best_metric"]
+    candidate = v1.lineage["metrics"]["candidate"]
+    assert candidate["threshold_source"] == "fitted" and v1.lineage["thresholds"] == candidate["thresholds"]
+    assert candidate["eval_f1"] == candidate["thresholds"]["details"]["f1"]
+    assert candidate["thresholds"]["details"]["f1_default"] == v1.lineage["training"]["best_metric"]
     assert v1.lineage["comparison_data"] == "valid_data" and v1.lineage["comparison_records"] == 4
     assert "on valid_data (4 records, the data that also selected the candidate's best checkpoint)" in first["reason"]
     events = _model_events(emitted)

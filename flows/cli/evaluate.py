@@ -19,7 +19,13 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("--model", required=True, help="an exported model directory (or tiny:span, a Hugging Face id)")
     parser.add_argument("--data", required=True, action="append", help="gold JSONL path or URL (repeatable)")
-    parser.add_argument("--threshold", type=threshold, default=0.5, help="span threshold in [0, 1] (default 0.5)")
+    parser.add_argument(
+        "--threshold",
+        type=threshold,
+        default=None,
+        help="one span threshold in [0, 1] for every label (default: the thresholds fitted on the model's validation "
+        "data, recorded in its export.json; 0.5 for a model without them)",
+    )
     parser.add_argument("--batch-size", type=positive, default=8, help="texts per inference batch (default 8)")
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of each record's random label order (default 0; see --orders)"
@@ -50,10 +56,12 @@ def run(args: Any) -> int:
     pairs = to_pairs(load_records(one(args.data), what="evaluation").examples())
     if args.json_out and os.path.isdir(args.json_out):
         raise UsageError(f"--json {args.json_out!r} is a directory; pass a file path for the JSON report")
+    chosen, source = _thresholds(args.model, args.threshold)
     report, order = _score_model(
-        args.model, pairs, threshold=args.threshold, batch_size=args.batch_size, seed=args.seed, orders=args.orders
+        args.model, pairs, threshold=chosen, batch_size=args.batch_size, seed=args.seed, orders=args.orders
     )
-    payload = {"model": args.model, "data": args.data, "threshold": args.threshold, **report.to_dict()}
+    payload = {"model": args.model, "data": args.data, "threshold": chosen.threshold, **report.to_dict()}
+    payload["thresholds"] = {"source": source, **chosen.to_dict()}
     payload["label_order"] = {"seed": args.seed, "orders": args.orders, **order}
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as handle:
@@ -62,8 +70,19 @@ def run(args: Any) -> int:
     return 0
 
 
+def _thresholds(source: str, explicit: float | None) -> tuple[Any, str]:
+    """The model's recorded (fitted) thresholds unless the user passed one; gliner2's 0.5 for a model without."""
+    from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, fixed, read_thresholds
+
+    if explicit is not None:
+        return fixed(explicit), "explicit"
+    directory = os.path.expanduser(source)
+    recorded = read_thresholds(directory) if os.path.isdir(directory) else None
+    return (recorded, "fitted") if recorded is not None else (fixed(DEFAULT_THRESHOLD), "default")
+
+
 def _score_model(
-    source: str, pairs: list[Any], *, threshold: float, batch_size: int, seed: int, orders: int
+    source: str, pairs: list[Any], *, threshold: Any, batch_size: int, seed: int, orders: int
 ) -> tuple[Any, dict[str, float]]:
     from prefect_gliner2.session_core.evaluation import model_extractor, order_robustness
 
@@ -88,6 +107,8 @@ def _load_for_evaluation(source: str) -> Any:
 
 def _report_table(report: dict[str, Any]) -> str:
     """Per-label precision, recall, F1 and support, then the totals."""
+    from prefect_gliner2.session_core.thresholds import describe
+
     rows = [(r["kind"], r["label"], r) for r in report["per_label"]]
     width = max([len(f"{k}/{label}") for k, label, _ in rows] + [len("all (micro)")])
     head = f"{'label':<{width}}  precision  recall      F1  support"
@@ -99,10 +120,13 @@ def _report_table(report: dict[str, Any]) -> str:
     lines.append(line("all (micro)", report["total"]))
     metrics = report["metrics"]
     lines.append(
-        f"macro F1 {metrics['eval_macro_f1']:.4f} over {len(rows)} label(s); {report['records']} records, "
-        f"threshold {report['threshold']}; tp {report['total']['tp']}, fp {report['total']['fp']}, "
-        f"fn {report['total']['fn']}"
+        f"macro F1 {metrics['eval_macro_f1']:.4f} over {len(rows)} label(s); {report['records']} records; "
+        f"tp {report['total']['tp']}, fp {report['total']['fp']}, fn {report['total']['fn']}"
     )
+    thresholds = dict(report["thresholds"])
+    source = thresholds.pop("source")
+    where = {"fitted": "the model's own", "explicit": "--threshold", "default": "gliner2's default"}[source]
+    lines.append(f"{describe(thresholds)} ({where})")
     order = report["label_order"]
     lines.append(
         f"labels asked in a seeded random order per record (seed {order['seed']}); micro F1 over {order['orders']} "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_gliner2.session_core.thresholds import describe as describe_thresholds
+
 __all__ = ["ProgressBar", "describe"]
 
 
@@ -66,7 +68,8 @@ def describe(summary: dict[str, Any]) -> str:
     lines = [
         f"run {summary['run_key']}: {summary.get('total_steps')} steps, {summary.get('total_epochs')} epoch(s)"
         + (", stopped early" if summary.get("stopped_early") else ""),
-        f"  model ({summary.get('label')} weights): {summary.get('export')}",
+        f"  model ({summary.get('label')} weights of step {summary.get('export_step')}): {summary.get('export')}",
+        f"  {describe_thresholds(summary.get('thresholds'))}",
         f"  best {summary.get('metric_for_best')}: "
         + (f"{best:.4f} at step {summary.get('best_step')}" if best is not None else "n/a (no validation data)"),
         f"  checkpoints: {summary.get('checkpoints')} (newest {summary.get('checkpoint')})",

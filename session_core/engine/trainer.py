@@ -98,7 +98,13 @@ class SessionEngine(EngineGuards, EngineState, EngineSetup):
         return {key: _scalar(outputs.get(key)) for key in LOSS_KEYS}
 
     def extract(
-        self, texts: Sequence[str], schemas: Sequence[Mapping[str, Any]], *, threshold: float, batch_size: int
+        self,
+        texts: Sequence[str],
+        schemas: Sequence[Mapping[str, Any]],
+        *,
+        threshold: float,
+        batch_size: int,
+        include_confidence: bool = False,
     ) -> list[dict[str, Any]]:
         """gliner2's own batched inference (``batch_extract``) on the live model: eval mode, no grad, no RNG drawn
         (its DataLoader draws a torch seed; collation may draw Python randomness), training modes restored."""
@@ -111,7 +117,11 @@ class SessionEngine(EngineGuards, EngineState, EngineSetup):
                 with private_python_rng(self.python_rng):
                     with torch.amp.autocast(device_type=self.device.type, enabled=self.use_amp, dtype=self.amp_dtype):
                         return unwrap(self.model).batch_extract(
-                            list(texts), built, batch_size=batch_size, threshold=threshold
+                            list(texts),
+                            built,
+                            batch_size=batch_size,
+                            threshold=threshold,
+                            include_confidence=include_confidence,
                         )
             finally:
                 self.python_rng.setstate(saved)
