@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.extract_input import InputPlan, check_labels, read_chunk, scan_input
 from prefect_gliner2.runtime.extract_model import Extractor, ModelRef, loaded_extractor, resolve_model
 from prefect_gliner2.session_core.errors import ConfigError
@@ -228,6 +229,7 @@ def run_chunk(job: ExtractJob, index: int) -> dict[str, Any]:
     done = job.part(index, ".json")
     if fs.exists(done):
         return {**json.loads(fs.cat_file(done)), "reused": True}
+    faults.hit("chunk", index)
     start = time.perf_counter()
     records = read_chunk(job.input, index)
     schemas = [record.schema or job.default_schema or {} for record in records]
