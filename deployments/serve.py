@@ -1,4 +1,4 @@
-"""Serve the training and retraining flows from this process, without a work pool (`prefect.yaml`'s settings).
+"""Serve every deployment (train, sweep, retrain, extract) from this process, without a work pool.
 
     python -m prefect_gliner2.deployments.serve                      # Ctrl-C stops serving
     python -m prefect_gliner2.deployments.serve --parameters overrides.json

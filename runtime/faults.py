@@ -11,7 +11,8 @@ not yet committed), ``export-write`` (export files complete, not yet renamed int
 on object storage both fire after each uploaded object, before the marker),
 ``cursor`` (in the flow process: checkpoint committed, cursor.json not yet moved), ``prune`` (in the flow process:
 a pruned checkpoint's index deleted, its files not yet; i is its last batch), ``unit`` (in the flow
-process, after the unit ending at batch i finished).
+process, after the unit ending at batch i finished), ``chunk`` (in the process running an extraction job: before
+it computes chunk i).
 
     plan = FaultPlan(markers="/tmp/m", faults=(Fault.pause("batch", 9, 120), Fault.kill("batch", 4, once="/tmp/d")))
     plan.hit("batch", 9)   # writes /tmp/m/batch-9 (holding the pid), then sleeps 120 s
@@ -34,7 +35,9 @@ from prefect_gliner2.session_core.errors import ConfigError
 
 __all__ = ["ACTIONS", "POINTS", "Fault", "FaultPlan", "hit", "install", "installed", "uninstall"]
 
-POINTS = frozenset({"batch", "validate", "checkpoint", "checkpoint-write", "export-write", "cursor", "prune", "unit"})
+POINTS = frozenset(
+    {"batch", "validate", "checkpoint", "checkpoint-write", "export-write", "cursor", "prune", "unit", "chunk"}
+)
 ACTIONS = frozenset({"pause", "kill", "raise", "oserror"})
 
 

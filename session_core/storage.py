@@ -9,6 +9,8 @@ so the storage policy is decided in one place:
   bytes go to a hidden temporary sibling (mode 0o600) which is fsynced, renamed over `path`, and the directory
   fsynced. Remotely they are one object write of the complete bytes (``pipe_file``), which object stores apply
   atomically: no temporary object, no move.
+- ``atomic_file(uri)``: the same guarantee for a file streamed through a handle (too large to hold in memory):
+  a local temporary sibling renamed into place, or a local temporary file uploaded as one object.
 - ``directory_commit(uri, marker)``: a directory whose marker file (``checkpoint.json``, ``export.json``) is
   written last. Locally the directory is staged as a hidden sibling (``layout.staging_name``), every file and
   directory in it fsynced (the fsyncs in flight together: ``durability``), and renamed into place, so a kill
@@ -48,6 +50,7 @@ from prefect_gliner2.session_core.durability import SyncBatch, fsync_dir
 __all__ = [
     "absolute_uri",
     "TEMP_PREFIX",
+    "atomic_file",
     "DirectoryCommit",
     "LocalDirectoryCommit",
     "RemoteDirectoryCommit",
@@ -148,6 +151,43 @@ def open_new_local(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
         yield handle
         handle.flush()
         os.fsync(handle.fileno())
+
+
+@contextmanager
+def atomic_file(uri: str) -> Iterator[IO[bytes]]:
+    """A file at `uri` written through the yielded binary handle and published whole when the block ends (nothing
+    is published if it raises): locally a hidden temporary sibling, fsynced and renamed over `uri`; elsewhere a
+    local temporary file uploaded as one object (``put_file``: an object store shows the object only once the
+    upload completes). For outputs too large to hold in memory (``write_atomic`` takes the bytes)."""
+    fs, path = resolve(uri)
+    if is_local(fs):
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(
+            prefix=layout.temp_prefix(os.path.basename(path)), suffix=layout.TEMP_SUFFIX, dir=directory
+        )
+    else:
+        clean_stale_temp()
+        fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}upload-{os.getpid()}-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        if is_local(fs):
+            os.replace(tmp, path)
+            fsync_dir(os.path.dirname(path))
+        else:
+            parent = path.rsplit("/", 1)[0] if "/" in path else ""
+            if parent:
+                try:
+                    fs.makedirs(parent, exist_ok=True)
+                except OSError:
+                    pass  # object stores have no directories
+            fs.put_file(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 # ---- directories committed by a marker written last --------------------------------------------------------

@@ -5,12 +5,14 @@
     prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
     prefect-gliner2 demo  [--dir DIR]
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
+    prefect-gliner2 extract --model DIR_OR_REGISTRY --data IN.jsonl --out OUT.jsonl [--labels A,B] [--threshold T]
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral server. Re-running the same command
 after a crash resumes exactly. Bad arguments exit with status 2 and a message saying what to fix; a failed run
 exits with 1. ``evaluate`` scores a model's extractions on gold records (per-label precision, recall, F1 and
-support, then the totals) with gliner2's own batched inference, in this process.
+support, then the totals) with gliner2's own batched inference, in this process. ``extract`` writes a model's
+extractions for a JSONL file of texts, resumably (the same command after a kill continues where it stopped).
 
 A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
 which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` shows.
@@ -22,14 +24,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from prefect_gliner2.flows.cli import demo, evaluate, plan, train
+from prefect_gliner2.flows.cli import demo, evaluate, extract, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.session_core.errors import SessionCoreError
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main"]
 
 USAGE_ERROR = 2
-COMMANDS = (train, plan, demo, evaluate)
+COMMANDS = (train, plan, demo, evaluate, extract)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""What ``train`` and ``demo`` print: a one-line progress bar fed by the run's progress listener, and the run
-summary in words."""
+"""What ``train``, ``demo`` and ``extract`` print: one-line progress bars (training batches fed by the run's progress
+listener; records extracted), and the run summary in words."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect_gliner2.session_core.thresholds import describe as describe_thresholds
 
-__all__ = ["ProgressBar", "describe"]
+__all__ = ["ProgressBar", "RecordBar", "describe"]
 
 
 class ProgressBar:
@@ -54,6 +54,48 @@ class ProgressBar:
         self.stream.write(("\r\x1b[K" if self.tty else "") + text + "\n")
         if not self.tty and self.last:
             self.stream.write(self.last + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class RecordBar:
+    """A one-line bar of records done out of a total, with the rate, redrawn in place on a TTY; elsewhere a line
+    per `every` seconds (and the last), so a log shows progress without a line per chunk."""
+
+    WIDTH = 28
+
+    def __init__(self, stream: Any, total: int, what: str = "records", every: float = 10.0) -> None:
+        import time
+
+        self.stream = stream
+        self.total = max(total, 1)
+        self.what = what
+        self.every = every
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.clock = time.monotonic
+        self.started = self.clock()
+        self.printed = 0.0
+        self.last = ""
+        self.reused = 0  # records done by an earlier run (not counted in the rate)
+
+    def update(self, done: int, note: str = "") -> None:
+        now = self.clock()
+        elapsed = max(now - self.started, 1e-9)
+        filled = self.WIDTH * min(done, self.total) // self.total
+        text = (
+            f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total} {self.what} · "
+            f"{(done - self.reused) / elapsed:.1f}/s{' · ' + note if note else ''}"
+        )
+        self.last = text
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K")
+        elif done >= self.total or now - self.printed >= self.every:
+            self.printed = now
+            self.stream.write(text + "\n")
         self.stream.flush()
 
     def close(self) -> None:
