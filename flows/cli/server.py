@@ -10,8 +10,9 @@ and leaves the run RUNNING); and it gives up after Prefect's ephemeral start-up 
 outlasts. The local server here is ``prefect server start`` (the same database under ``PREFECT_HOME``) in its own
 session, so terminal signals reach only the command, which records the run as crashed and then stops the server.
 It dies with the command if the command is killed (Linux parent-death signal), and the start-up wait is as long as
-the server process is alive (``START_TIMEOUT`` at most). Prefect's telemetry is off for it, as are the scheduler and
-late-run services (nothing is scheduled on it); its output goes to ``PREFECT_HOME/prefect-gliner2-server.log``.
+the server process is alive (``START_TIMEOUT`` at most). It serves the Prefect UI while the command runs (the flow
+run's "View at" link). Prefect's telemetry is off for it, as are the scheduler and late-run services (nothing is
+scheduled on it); its output goes to ``PREFECT_HOME/prefect-gliner2-server.log``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ __all__ = ["START_TIMEOUT", "LocalServerError", "local_server", "prefect_api"]
 START_TIMEOUT = 900.0  # seconds; a server that is still starting is waited for this long
 _STOP_GRACE = 2.0  # seconds a stopping server gets before SIGKILL (its SQLite database is crash-safe)
 _NOTICE_AFTER = 15.0  # seconds of start-up after which the wait is explained once
+_NOTICE = "waiting for the local Prefect server (a first start creates its database; a busy machine is slower) ..."
 _SERVER_SETTINGS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_UI_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
     "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
@@ -143,7 +144,7 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout: float) -> b
                 if client.get(f"{url}/health").status_code == 200:
                     return True
             if not noticed and time.monotonic() - started > _NOTICE_AFTER:
-                print("starting the local Prefect server (slow on a busy machine) ...", file=sys.stderr, flush=True)
+                print(_NOTICE, file=sys.stderr, flush=True)
                 noticed = True
             time.sleep(0.2)
     return False
