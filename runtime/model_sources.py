@@ -103,11 +103,11 @@ def _architecture(config: Any, source: str) -> str:
 
 def load_model(source: str) -> Any:
     """Load the model in the worker process (imports torch and gliner2)."""
-    from gliner2 import AutoExtractor
+    from prefect_gliner2.session_core.extractor_loading import load_extractor
 
     tiny = parse_tiny(source)
     path = tiny_model_dir(*tiny) if tiny is not None else os.path.expanduser(source)
-    return AutoExtractor.from_pretrained(str(path))
+    return load_extractor(str(path))
 
 
 def tiny_model_dir(architecture: str, hidden: int, layers: int, encoder: str = "bert") -> str:

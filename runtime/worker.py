@@ -21,7 +21,10 @@ remote ``SessionCoreError`` is re-raised as the same class with the same fields 
 raised is never reused: it exits after reporting.
 
 The child is spawned from one long-lived thread of this process, so Linux's parent-death signal (which fires when
-the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe.
+the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe. The
+child runs in its own session: a Ctrl-C or a SIGTERM to the terminal's process group reaches only this process,
+which records the run as interrupted and closes the worker (it is spawned with both signals blocked, so none reaches
+it before it has left the group).
 """
 
 from __future__ import annotations
@@ -363,6 +366,8 @@ class _Spawner:
             raise error
 
     def _serve(self) -> None:
+        # children start with the terminal's signals blocked; worker_main leaves the process group, then unblocks
+        signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
         while True:
             process, reply = self._requests.get()
             _LOCAL.skip_main = True
@@ -376,6 +381,7 @@ class _Spawner:
                 _LOCAL.skip_main = False
 
 
+_GROUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _LOCAL = threading.local()
 _SPAWNER: _Spawner | None = None
 _SPAWNER_LOCK = threading.Lock()

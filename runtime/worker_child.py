@@ -1,6 +1,7 @@
 """The session worker process: its entry point, the request loop, and dying with its parent.
 
-Started by ``prefect_gliner2.runtime.worker.SessionWorker`` in a spawn-context child. It dies with its parent (Linux
+Started by ``prefect_gliner2.runtime.worker.SessionWorker`` in a spawn-context child. It leaves the terminal's
+process group (its parent handles Ctrl-C and SIGTERM, and closes it), dies with its parent (Linux
 PR_SET_PDEATHSIG, plus a watchdog on ``os.getppid()`` and pipe EOF), builds its ``SessionRunner`` (which pins the
 torch thread count, builds the session from the run's manifest and restores the checkpoint it is given) before
 answering anything, then executes each request in order (``session_runner``) and answers with its result or the
@@ -12,6 +13,7 @@ Importing this module is cheap (torch loads inside ``SessionRunner``), so the fl
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -32,6 +34,7 @@ _WATCHDOG_SECONDS = 0.5
 
 def worker_main(conn: Any, parent_pid: int) -> None:
     """Entry point of the child process (see the module docstring)."""
+    _leave_process_group()
     _die_with_parent(parent_pid)
     _quiet_logging()
     try:
@@ -71,6 +74,20 @@ def _reply_error(conn: Any, op_id: int, exc: BaseException) -> None:
         conn.close()
     except (OSError, ValueError):
         pass
+
+
+def _leave_process_group() -> None:
+    """Run in a session of our own: terminal signals (Ctrl-C, SIGTERM to the group) are the parent's to handle.
+
+    The parent spawns this process with SIGINT and SIGTERM blocked; one sent to the group before the ``setsid``
+    is pending, and is discarded here (setting a signal to ignored drops it) before both are unblocked.
+    """
+    with contextlib.suppress(OSError):
+        os.setsid()
+    for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -323,9 +323,9 @@ def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> 
 
 
 def _load_export_dir(local: Path, trainable: bool, kwargs: dict[str, Any]) -> Any:
-    from gliner2 import AutoExtractor
+    from prefect_gliner2.session_core.extractor_loading import load_extractor
 
-    model = AutoExtractor.from_pretrained(str(local), **kwargs)
+    model = load_extractor(str(local), **kwargs)
     adapter = local / ADAPTER_DIR
     if adapter.is_dir():
         from peft import PeftModel

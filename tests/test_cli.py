@@ -133,7 +133,7 @@ def _cli(argv: list[str], env: dict[str, str], plan: FaultPlan | None = None) ->
 
 
 def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str, str], tmp_path: Path) -> None:
-    """No PREFECT_API_URL: the CLI starts Prefect's ephemeral server; kill -9 mid-run, re-run, exact result."""
+    """No PREFECT_API_URL: the CLI starts its local Prefect server; kill -9 mid-run, re-run, exact result."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT)

@@ -8,11 +8,13 @@
     prefect-gliner2 extract --model DIR_OR_REGISTRY --data IN.jsonl --out OUT.jsonl [--labels A,B] [--threshold T]
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
-through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral server. Re-running the same command
-after a crash resumes exactly. Bad arguments exit with status 2 and a message saying what to fix; a failed run
-exits with 1. ``evaluate`` scores a model's extractions on gold records (per-label precision, recall, F1 and
-support, then the totals) with gliner2's own batched inference, in this process. ``extract`` writes a model's
-extractions for a JSONL file of texts, resumably (the same command after a kill continues where it stopped).
+through Prefect: against PREFECT_API_URL when set, else a local server the command starts and stops (``server``).
+Re-running the same command after a crash resumes exactly. Bad arguments exit with status 2 and a message saying
+what to fix; a failed run exits with 1; Ctrl-C or SIGTERM records the run as crashed and exits with 130 or 143
+and the resume hint (``interrupts``). ``evaluate`` scores a model's extractions on gold records (per-label
+precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in this process.
+``extract`` writes a model's extractions for a JSONL file of texts, resumably (the same command after a kill
+continues where it stopped).
 
 A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
 which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` shows.
@@ -26,6 +28,8 @@ from collections.abc import Sequence
 
 from prefect_gliner2.flows.cli import demo, evaluate, extract, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
+from prefect_gliner2.flows.cli.interrupts import exit_status, handling_signals, report_interrupt
+from prefect_gliner2.flows.cli.server import LocalServerError
 from prefect_gliner2.session_core.errors import SessionCoreError
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main"]
@@ -38,13 +42,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args))
+        with handling_signals():
+            return int(args.handler(args))
     except (UsageError, SessionCoreError) as exc:
         print(f"prefect-gliner2 {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to resume from the last checkpoint", file=sys.stderr)
-        return 130
+    except LocalServerError as exc:
+        print(f"prefect-gliner2 {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        status = exit_status(exc)
+        if status is None:
+            raise
+        report_interrupt()
+        return status
 
 
 def _parser() -> argparse.ArgumentParser:

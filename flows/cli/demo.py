@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from prefect_gliner2.flows.cli.progress import describe
+from prefect_gliner2.flows.cli.server import prefect_api
 
 __all__ = ["add_parser", "run"]
 
@@ -22,7 +23,8 @@ def add_parser(commands: Any) -> None:
 def run(args: Any) -> int:
     from prefect_gliner2.flows.demo import demo_report, run_demo
 
-    summary = run_demo(args.dir)
+    with prefect_api():
+        summary = run_demo(args.dir)
     print(describe(summary))
     print(demo_report(summary["demo"]))
     return 0

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_gliner2.flows.cli.args import UsageError, auto_or, data_arguments, inputs, non_negative, one, positive
 from prefect_gliner2.flows.cli.progress import ProgressBar, describe
+from prefect_gliner2.flows.cli.server import prefect_api
 
 if TYPE_CHECKING:
     from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings
@@ -58,7 +59,8 @@ def run(args: Any) -> int:
     prepared = prepare_run(args.model, one(train), one(valid), config, args.run_key, args.storage)
     check_runnable(prepared.plan.config, prepared.has_validation, args.device)
     record_manifest(prepared)  # refuses another plan under this run key before Prefect starts
-    state = _run_flow(args, prepared.run_dir.run_key, *settings)
+    with prefect_api():
+        state = _run_flow(args, prepared.run_dir.run_key, *settings)
     if not state.is_completed():
         error = state.result(raise_on_failure=False)
         print(

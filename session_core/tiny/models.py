@@ -232,11 +232,11 @@ def build_tiny_model(
     pointing at a directory that no longer exists; pass ``directory`` when
     that matters (e.g. PEFT adapters record it).
     """
-    from gliner2.auto import AutoExtractor
+    from prefect_gliner2.session_core.extractor_loading import load_extractor
 
     def load(path: Path):
         with isolated_rng(seed):  # loading builds then overwrites weights; keep callers' RNG intact
-            return AutoExtractor.from_pretrained(str(path))
+            return load_extractor(str(path))
 
     if directory is not None:
         path = save_tiny_model(directory, architecture, seed, hidden_size=hidden_size, num_layers=num_layers, **kwargs)

@@ -1,0 +1,70 @@
+"""Ctrl-C and SIGTERM in the console script: the command stops, its run is recorded as crashed, and it says how to
+resume.
+
+``handling_signals()`` turns the first SIGINT into ``KeyboardInterrupt`` and the first SIGTERM into ``Terminated``
+(while a flow runs, Prefect's engine has its own SIGTERM handler raising ``TerminationSignal``: it records the flow
+run as crashed, as it does for a ``KeyboardInterrupt``); later ones are ignored so that clean-up (closing the
+worker, stopping the local server) is not cut short. ``exit_status(exc)`` maps those exceptions to the shell's
+128 + signal number (130, 143), ``None`` for anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from types import FrameType
+
+__all__ = ["RESUME_HINT", "Terminated", "exit_status", "handling_signals", "report_interrupt"]
+
+RESUME_HINT = "interrupted; run the same command again to resume from the last checkpoint"
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived outside a flow run (a flow run's engine raises Prefect's ``TerminationSignal``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signal = signum
+
+
+@contextlib.contextmanager
+def handling_signals() -> Iterator[None]:
+    """Within the block, the first SIGINT or SIGTERM raises in the main thread; the ones after are ignored."""
+    fired = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if fired:
+            return
+        fired = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def exit_status(exc: BaseException) -> int | None:
+    """128 + the signal number for an interrupt (KeyboardInterrupt: SIGINT; ``Terminated`` or Prefect's
+    ``TerminationSignal``: its signal), ``None`` for any other exception."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(exc, Terminated):
+        return 128 + exc.signal
+    if "prefect.exceptions" in sys.modules:
+        from prefect.exceptions import TerminationSignal
+
+        if isinstance(exc, TerminationSignal):
+            return 128 + int(exc.signal)
+    return None
+
+
+def report_interrupt() -> None:
+    print(RESUME_HINT, file=sys.stderr, flush=True)
