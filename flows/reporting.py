@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 from uuid import UUID
 
+from prefect_gliner2.flows.curves import Curves, curves_markdown, restored_history
 from prefect_gliner2.flows.prefect_ui import (
     ArtifactSlots,
     Job,
@@ -76,11 +77,14 @@ class RunReporter:
         interval: float = 3.0,
         log_interval: float = 10.0,
         message_interval: float = 60.0,
+        curves_interval: float = 30.0,
     ) -> None:
         self.run_key, self.plan, self.flow_run_id, self.interval = run_key, plan, flow_run_id, interval
         self.run_dir = run_dir
         self.log_interval = log_interval
         self.validations: list[dict[str, Any]] = []
+        self.curves = Curves()
+        self.curves_interval, self._last_curves = curves_interval, 0.0
         self.labels: dict[str, Any] = {}  # extra labels (what this run resumes, the generated name)
         self._artifacts = ArtifactSlots(run_key, flow_run_id) if flow_run_id is not None else None
         self._last_push = self._last_log = self._last_message = 0.0
@@ -105,22 +109,39 @@ class RunReporter:
                 lambda client: client.update_flow_run_labels(UUID(resumes), {RESUMED_BY_LABEL: str(self.flow_run_id)})
             )
 
-    def start(self, cursor: int, step: int) -> None:
+    def start(self, cursor: int, step: int, checkpoint: str | None = None) -> None:
+        """The run starts at `cursor`; a resumed run names the `checkpoint` it restored (its recorded history starts
+        the curves and the validation list)."""
         self.state.update(cursor=cursor, step=step, epoch=self._epoch(cursor))
+        if checkpoint is not None:
+            self._restore(checkpoint)
         self._emit("start", self._position())
         self._push(force=True)
+        self._curves()
+
+    def _restore(self, checkpoint: str) -> None:
+        try:
+            train, evaluations = restored_history(checkpoint)
+        except Exception as exc:  # noqa: BLE001 - reporting never fails a run: the curves then start here
+            logger.warning("could not read the recorded history of %s for the curves: %s", checkpoint, exc)
+            return
+        self.curves.add(train)
+        self.validations = self.validations or evaluations
 
     def progress(self, result: AdvanceResult) -> None:
         self.state.update(cursor=result.cursor, step=result.step, epoch=result.epoch)
         updates = result.updates
         if updates:
             self.state.update(loss=updates[-1].get("loss"), learning_rate=updates[-1].get("learning_rate"))
+            self.curves.add(updates)
         self._emit("progress", {**self._position(), "loss": updates[-1]["loss"] if updates else None})
         now = time.monotonic()
         if now - self._last_log >= self.log_interval:
             self._last_log = now
             run_logger().info("%s: %s", self.run_key, self.where())
         self._push()
+        if now - self._last_curves >= self.curves_interval:
+            self._curves()
 
     def validation(self, result: ValidateResult) -> None:
         self.validations = list(result.history or self.validations)  # the whole history, also on resume
@@ -133,11 +154,13 @@ class RunReporter:
         rows = validation_rows(self.validations)
         self._submit(lambda client: self._table(client, rows))
         self._push(force=True)
+        self._curves()
 
     def checkpoint(self, info: CheckpointResult) -> None:
         self._emit("checkpoint", asdict(info))
         run_logger().info("%s: checkpoint %s at %s", self.run_key, info.name, self.where())
         self._push(force=True)
+        self._curves()
 
     def finish(self, summary: dict[str, Any], cursor: Any = None, timeout: float = 30.0) -> None:
         """Final reports at the final durable `cursor`; waits (at most `timeout` s) until the Prefect UI shows
@@ -151,6 +174,7 @@ class RunReporter:
             rows = validation_rows(validations)
             self._submit(lambda client: self._table(client, rows))
         self._submit(lambda client: self._markdown(client, summary, validations))
+        self._curves()
         self._push(force=True, final=True)
         self.close(timeout, labels_timeout=timeout)
 
@@ -203,6 +227,21 @@ class RunReporter:
             self._labels_queued = True
             self._last_message = now
             self._labels.submit(self._labels_now)
+
+    def _curves(self) -> None:
+        """Queue an update of the curves artifact with the points recorded so far (drawn in the lane)."""
+        if self._ui is None:
+            return
+        self._last_curves = time.monotonic()
+        points, validations, max_steps = self.curves.points(), list(self.validations), self.plan.max_steps
+        self._submit(
+            lambda client: self._upsert(
+                client,
+                "curves",
+                curves_markdown(self.run_key, points, validations, max_steps),
+                f"training curves of {self.run_key}: loss, learning rate, validation F1",
+            )
+        )
 
     def _submit(self, job: Job) -> None:
         if self._ui is not None:

@@ -146,7 +146,8 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
     reporter = RunReporter(run.run_key, plan, flow_run_id=live.flow_run_id, run_dir=run.run_dir.uri)
     try:
         reporter.introduce(resumes=run.previous)
-        reporter.start(run.start, cursor.step if cursor else 0)
+        restored = run.run_dir.checkpoint_uri(cursor.checkpoint) if cursor is not None else None
+        reporter.start(run.start, cursor.step if cursor else 0, checkpoint=restored)
         emit_start(live, cursor, run.previous, run.export_uri)
         outcome = DriveResult()
         if cursor is None or not cursor.finished:
