@@ -36,13 +36,15 @@ from prefect_gliner2.flows.report_text import (
     summary_markdown,
     validation_rows,
 )
+from prefect_gliner2.model_registry import mlflow_sync
 from prefect_gliner2.runtime.events import validation_event
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
 
-__all__ = ["RunReporter", "add_listener", "remove_listener"]
+__all__ = ["RunReporter", "add_listener", "mlflow_tracking", "remove_listener"]
 
 logger = logging.getLogger(__name__)
 Listener = Callable[[str, dict[str, Any]], None]
+MLFLOW_TIMEOUT = 300.0  # seconds a finished run waits for its MLflow logging (the exported model's upload)
 _LISTENERS: list[Listener] = []
 
 
@@ -54,6 +56,22 @@ def add_listener(listener: Listener) -> None:
 def remove_listener(listener: Listener) -> None:
     if listener in _LISTENERS:
         _LISTENERS.remove(listener)
+
+
+def mlflow_tracking(run_key: str, plan: Any, model: str, flow_run_id: str | None) -> mlflow_sync.MlflowRun | None:
+    """The run's MLflow mirror when MLflow is configured (model_registry/mlflow_sync.py), else None; its
+    parameters are the training config and where the run comes from."""
+    if not mlflow_sync.enabled():
+        return None
+    params = {
+        **plan.config.to_dict(),
+        "model": model,
+        "run_key": run_key,
+        "plan_fingerprint": plan.fingerprint,
+        "batch_count": plan.batch_count,
+        "max_steps": plan.max_steps,
+    }
+    return mlflow_sync.MlflowRun(run_key, plan.fingerprint, params, flow_run_id)
 
 
 class RunReporter:
@@ -78,12 +96,14 @@ class RunReporter:
         log_interval: float = 10.0,
         message_interval: float = 60.0,
         curves_interval: float = 30.0,
+        tracking: mlflow_sync.MlflowRun | None = None,
     ) -> None:
         self.run_key, self.plan, self.flow_run_id, self.interval = run_key, plan, flow_run_id, interval
         self.run_dir = run_dir
         self.log_interval = log_interval
         self.validations: list[dict[str, Any]] = []
         self.curves = Curves()
+        self.tracking, self._finished = tracking, False  # the MLflow mirror, when configured
         self.curves_interval, self._last_curves = curves_interval, 0.0
         self.labels: dict[str, Any] = {}  # extra labels (what this run resumes, the generated name)
         self._artifacts = ArtifactSlots(run_key, flow_run_id) if flow_run_id is not None else None
@@ -113,20 +133,23 @@ class RunReporter:
         """The run starts at `cursor`; a resumed run names the `checkpoint` it restored (its recorded history starts
         the curves and the validation list)."""
         self.state.update(cursor=cursor, step=step, epoch=self._epoch(cursor))
-        if checkpoint is not None:
-            self._restore(checkpoint)
+        history = self._restore(checkpoint) if checkpoint is not None else []
+        if self.tracking is not None:
+            self.tracking.start(history, self.validations)
         self._emit("start", self._position())
         self._push(force=True)
         self._curves()
 
-    def _restore(self, checkpoint: str) -> None:
+    def _restore(self, checkpoint: str) -> list[dict[str, Any]]:
+        """The training history `checkpoint` recorded (it starts the curves; its validations the list)."""
         try:
             train, evaluations = restored_history(checkpoint)
         except Exception as exc:  # noqa: BLE001 - reporting never fails a run: the curves then start here
             logger.warning("could not read the recorded history of %s for the curves: %s", checkpoint, exc)
-            return
+            return []
         self.curves.add(train)
         self.validations = self.validations or evaluations
+        return train
 
     def progress(self, result: AdvanceResult) -> None:
         self.state.update(cursor=result.cursor, step=result.step, epoch=result.epoch)
@@ -134,6 +157,8 @@ class RunReporter:
         if updates:
             self.state.update(loss=updates[-1].get("loss"), learning_rate=updates[-1].get("learning_rate"))
             self.curves.add(updates)
+            if self.tracking is not None:
+                self.tracking.steps(updates)
         self._emit("progress", {**self._position(), "loss": updates[-1]["loss"] if updates else None})
         now = time.monotonic()
         if now - self._last_log >= self.log_interval:
@@ -145,6 +170,8 @@ class RunReporter:
 
     def validation(self, result: ValidateResult) -> None:
         self.validations = list(result.history or self.validations)  # the whole history, also on resume
+        if self.tracking is not None and result.metrics is not None:
+            self.tracking.validation(result.metrics)
         self._emit("validation", asdict(result))
         if self.flow_run_id is not None:
             from prefect.events import emit_event
@@ -175,10 +202,20 @@ class RunReporter:
             self._submit(lambda client: self._table(client, rows))
         self._submit(lambda client: self._markdown(client, summary, validations))
         self._curves()
+        if self.tracking is not None:
+            self._finished = True
+            self.tracking.finish(summary.get("export"), summary)
         self._push(force=True, final=True)
         self.close(timeout, labels_timeout=timeout)
 
     def close(self, timeout: float = 30.0, *, labels_timeout: float = 0.0) -> None:
+        """Finish the queued UI updates (bounded); the MLflow mirror too (up to `MLFLOW_TIMEOUT` s after a finished
+        run: it uploads the model; a run that ends unfinished is marked FAILED there, and its resume reopens it)."""
+        tracking, self.tracking = self.tracking, None
+        if tracking is not None and not tracking.close(
+            MLFLOW_TIMEOUT if self._finished else timeout, failed=not self._finished
+        ):
+            logger.warning("the MLflow logging of run %s did not finish in time", self.run_key)
         if self._ui is not None and not self._ui.close(timeout):
             logger.warning("the Prefect UI updates of run %s did not finish within %s s", self.run_key, timeout)
         if self._labels is not None and not self._labels.close(labels_timeout) and labels_timeout:
