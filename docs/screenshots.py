@@ -4,7 +4,8 @@
 
 Starts a throwaway Prefect server (its own PREFECT_HOME, the API URL set before the server starts so the UI talks
 to that port), runs ``prefect-gliner2 demo`` against it in a temporary directory, and screenshots the flow run
-page (``run-page.png``) and the validation table artifact (``validation-table.png``) with Debian's ``chromium``.
+page (``run-page.png``), the validation table artifact (``validation-table.png``) and the training curves artifact
+(``curves.png``, a taller window) with Debian's ``chromium``.
 Needs ``chromium`` on PATH; about two minutes on two cores.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = "1440,1100"
+TALL = "1440,1200"  # the three charts of the curves artifact
 
 
 def main() -> int:
@@ -48,6 +50,7 @@ def main() -> int:
         subprocess.run([str(bin_dir / "prefect-gliner2"), "demo", "--dir", str(work / "demo")], env=env, check=True)
         flow_run = _post(api, "/flow_runs/filter", {"limit": 1, "sort": "START_TIME_DESC"})[0]
         artifacts = _post(api, "/artifacts/filter", {"artifacts": {"key": {"any_": ["gliner2-demo-validation"]}}})
+        curves = _post(api, "/artifacts/filter", {"artifacts": {"key": {"any_": ["gliner2-demo-curves"]}}})
         out = Path(args.out)
         _shoot(browser, f"http://127.0.0.1:{args.port}/runs/flow-run/{flow_run['id']}", out / "run-page.png", work)
         _shoot(
@@ -56,6 +59,8 @@ def main() -> int:
             out / "validation-table.png",
             work,
         )
+        url = f"http://127.0.0.1:{args.port}/artifacts/artifact/{curves[0]['id']}"
+        _shoot(browser, url, out / "curves.png", work, window=TALL)
         print(f"flow run {flow_run['name']}: screenshots in {out}")
     finally:
         server.terminate()
@@ -84,7 +89,7 @@ def _post(api: str, path: str, body: dict) -> list[dict]:
         return json.loads(response.read())
 
 
-def _shoot(browser: str, url: str, path: Path, work: Path) -> None:
+def _shoot(browser: str, url: str, path: Path, work: Path, window: str = WINDOW) -> None:
     subprocess.run(
         [
             browser,
@@ -93,7 +98,7 @@ def _shoot(browser: str, url: str, path: Path, work: Path) -> None:
             "--disable-gpu",
             "--hide-scrollbars",
             f"--user-data-dir={work / 'chromium'}",
-            f"--window-size={WINDOW}",
+            f"--window-size={window}",
             "--virtual-time-budget=20000",
             f"--screenshot={path}",
             url,

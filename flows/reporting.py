@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import Any
 from uuid import UUID
 
+from prefect_gliner2.flows.curves import Curves, curves_markdown, restored_history
 from prefect_gliner2.flows.prefect_ui import (
     ArtifactSlots,
     Job,
@@ -35,13 +36,15 @@ from prefect_gliner2.flows.report_text import (
     summary_markdown,
     validation_rows,
 )
+from prefect_gliner2.model_registry import mlflow_sync
 from prefect_gliner2.runtime.events import validation_event
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
 
-__all__ = ["RunReporter", "add_listener", "remove_listener"]
+__all__ = ["RunReporter", "add_listener", "mlflow_tracking", "remove_listener"]
 
 logger = logging.getLogger(__name__)
 Listener = Callable[[str, dict[str, Any]], None]
+MLFLOW_TIMEOUT = 300.0  # seconds a finished run waits for its MLflow logging (the exported model's upload)
 _LISTENERS: list[Listener] = []
 
 
@@ -53,6 +56,22 @@ def add_listener(listener: Listener) -> None:
 def remove_listener(listener: Listener) -> None:
     if listener in _LISTENERS:
         _LISTENERS.remove(listener)
+
+
+def mlflow_tracking(run_key: str, plan: Any, model: str, flow_run_id: str | None) -> mlflow_sync.MlflowRun | None:
+    """The run's MLflow mirror when MLflow is configured (model_registry/mlflow_sync.py), else None; its
+    parameters are the training config and where the run comes from."""
+    if not mlflow_sync.enabled():
+        return None
+    params = {
+        **plan.config.to_dict(),
+        "model": model,
+        "run_key": run_key,
+        "plan_fingerprint": plan.fingerprint,
+        "batch_count": plan.batch_count,
+        "max_steps": plan.max_steps,
+    }
+    return mlflow_sync.MlflowRun(run_key, plan.fingerprint, params, flow_run_id)
 
 
 class RunReporter:
@@ -76,11 +95,16 @@ class RunReporter:
         interval: float = 3.0,
         log_interval: float = 10.0,
         message_interval: float = 60.0,
+        curves_interval: float = 30.0,
+        tracking: mlflow_sync.MlflowRun | None = None,
     ) -> None:
         self.run_key, self.plan, self.flow_run_id, self.interval = run_key, plan, flow_run_id, interval
         self.run_dir = run_dir
         self.log_interval = log_interval
         self.validations: list[dict[str, Any]] = []
+        self.curves = Curves()
+        self.tracking, self._finished = tracking, False  # the MLflow mirror, when configured
+        self.curves_interval, self._last_curves = curves_interval, 0.0
         self.labels: dict[str, Any] = {}  # extra labels (what this run resumes, the generated name)
         self._artifacts = ArtifactSlots(run_key, flow_run_id) if flow_run_id is not None else None
         self._last_push = self._last_log = self._last_message = 0.0
@@ -105,25 +129,49 @@ class RunReporter:
                 lambda client: client.update_flow_run_labels(UUID(resumes), {RESUMED_BY_LABEL: str(self.flow_run_id)})
             )
 
-    def start(self, cursor: int, step: int) -> None:
+    def start(self, cursor: int, step: int, checkpoint: str | None = None) -> None:
+        """The run starts at `cursor`; a resumed run names the `checkpoint` it restored (its recorded history starts
+        the curves and the validation list)."""
         self.state.update(cursor=cursor, step=step, epoch=self._epoch(cursor))
+        history = self._restore(checkpoint) if checkpoint is not None else []
+        if self.tracking is not None:
+            self.tracking.start(history, self.validations)
         self._emit("start", self._position())
         self._push(force=True)
+        self._curves()
+
+    def _restore(self, checkpoint: str) -> list[dict[str, Any]]:
+        """The training history `checkpoint` recorded (it starts the curves; its validations the list)."""
+        try:
+            train, evaluations = restored_history(checkpoint)
+        except Exception as exc:  # noqa: BLE001 - reporting never fails a run: the curves then start here
+            logger.warning("could not read the recorded history of %s for the curves: %s", checkpoint, exc)
+            return []
+        self.curves.add(train)
+        self.validations = self.validations or evaluations
+        return train
 
     def progress(self, result: AdvanceResult) -> None:
         self.state.update(cursor=result.cursor, step=result.step, epoch=result.epoch)
         updates = result.updates
         if updates:
             self.state.update(loss=updates[-1].get("loss"), learning_rate=updates[-1].get("learning_rate"))
+            self.curves.add(updates)
+            if self.tracking is not None:
+                self.tracking.steps(updates)
         self._emit("progress", {**self._position(), "loss": updates[-1]["loss"] if updates else None})
         now = time.monotonic()
         if now - self._last_log >= self.log_interval:
             self._last_log = now
             run_logger().info("%s: %s", self.run_key, self.where())
         self._push()
+        if now - self._last_curves >= self.curves_interval:
+            self._curves()
 
     def validation(self, result: ValidateResult) -> None:
         self.validations = list(result.history or self.validations)  # the whole history, also on resume
+        if self.tracking is not None and result.metrics is not None:
+            self.tracking.validation(result.metrics)
         self._emit("validation", asdict(result))
         if self.flow_run_id is not None:
             from prefect.events import emit_event
@@ -133,11 +181,13 @@ class RunReporter:
         rows = validation_rows(self.validations)
         self._submit(lambda client: self._table(client, rows))
         self._push(force=True)
+        self._curves()
 
     def checkpoint(self, info: CheckpointResult) -> None:
         self._emit("checkpoint", asdict(info))
         run_logger().info("%s: checkpoint %s at %s", self.run_key, info.name, self.where())
         self._push(force=True)
+        self._curves()
 
     def finish(self, summary: dict[str, Any], cursor: Any = None, timeout: float = 30.0) -> None:
         """Final reports at the final durable `cursor`; waits (at most `timeout` s) until the Prefect UI shows
@@ -151,10 +201,21 @@ class RunReporter:
             rows = validation_rows(validations)
             self._submit(lambda client: self._table(client, rows))
         self._submit(lambda client: self._markdown(client, summary, validations))
+        self._curves()
+        if self.tracking is not None:
+            self._finished = True
+            self.tracking.finish(summary.get("export"), summary)
         self._push(force=True, final=True)
         self.close(timeout, labels_timeout=timeout)
 
     def close(self, timeout: float = 30.0, *, labels_timeout: float = 0.0) -> None:
+        """Finish the queued UI updates (bounded); the MLflow mirror too (up to `MLFLOW_TIMEOUT` s after a finished
+        run: it uploads the model; a run that ends unfinished is marked FAILED there, and its resume reopens it)."""
+        tracking, self.tracking = self.tracking, None
+        if tracking is not None and not tracking.close(
+            MLFLOW_TIMEOUT if self._finished else timeout, failed=not self._finished
+        ):
+            logger.warning("the MLflow logging of run %s did not finish in time", self.run_key)
         if self._ui is not None and not self._ui.close(timeout):
             logger.warning("the Prefect UI updates of run %s did not finish within %s s", self.run_key, timeout)
         if self._labels is not None and not self._labels.close(labels_timeout) and labels_timeout:
@@ -203,6 +264,21 @@ class RunReporter:
             self._labels_queued = True
             self._last_message = now
             self._labels.submit(self._labels_now)
+
+    def _curves(self) -> None:
+        """Queue an update of the curves artifact with the points recorded so far (drawn in the lane)."""
+        if self._ui is None:
+            return
+        self._last_curves = time.monotonic()
+        points, validations, max_steps = self.curves.points(), list(self.validations), self.plan.max_steps
+        self._submit(
+            lambda client: self._upsert(
+                client,
+                "curves",
+                curves_markdown(self.run_key, points, validations, max_steps),
+                f"training curves of {self.run_key}: loss, learning rate, validation F1",
+            )
+        )
 
     def _submit(self, job: Job) -> None:
         if self._ui is not None:

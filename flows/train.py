@@ -35,7 +35,7 @@ from prefect_gliner2.flows.params import (
     TrainingSettings,
     check_runnable,
 )
-from prefect_gliner2.flows.reporting import RunReporter
+from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.prepare import prepare_run
@@ -143,10 +143,12 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
             plan.batch_count,
             cursor.step,
         )
-    reporter = RunReporter(run.run_key, plan, flow_run_id=live.flow_run_id, run_dir=run.run_dir.uri)
+    tracking = mlflow_tracking(run.run_key, plan, run.prepared.model, live.flow_run_id)
+    reporter = RunReporter(run.run_key, plan, flow_run_id=live.flow_run_id, run_dir=run.run_dir.uri, tracking=tracking)
     try:
         reporter.introduce(resumes=run.previous)
-        reporter.start(run.start, cursor.step if cursor else 0)
+        restored = run.run_dir.checkpoint_uri(cursor.checkpoint) if cursor is not None else None
+        reporter.start(run.start, cursor.step if cursor else 0, checkpoint=restored)
         emit_start(live, cursor, run.previous, run.export_uri)
         outcome = DriveResult()
         if cursor is None or not cursor.finished:

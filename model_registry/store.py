@@ -23,6 +23,7 @@ from typing import Any
 
 import fsspec
 
+from prefect_gliner2.model_registry.mlflow_sync import mirror_promotion
 from prefect_gliner2.session_core import storage
 from prefect_gliner2.session_core.errors import RegistryError
 from prefect_gliner2.session_core.layout import (
@@ -139,6 +140,7 @@ class ModelRegistry:
         }
         self.fs.makedirs(self.path, exist_ok=True)
         self._write_atomic(f"{self.path}/{REGISTRY_POINTER_FILE}", json.dumps(pointer, sort_keys=True).encode())
+        mirror_promotion(self, chosen)  # MLflow, when configured: a model version with the alias champion
         return chosen
 
     def _claim_next(self) -> str:
