@@ -5,6 +5,7 @@
     prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
     prefect-gliner2 demo  [--dir DIR]
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
+    prefect-gliner2 init-model --encoder DIR_OR_ID --architecture span|boundary --out DIR
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral server. Re-running the same command
@@ -22,14 +23,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from prefect_gliner2.flows.cli import demo, evaluate, plan, train
+from prefect_gliner2.flows.cli import demo, evaluate, init_model, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.session_core.errors import SessionCoreError
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main"]
 
 USAGE_ERROR = 2
-COMMANDS = (train, plan, demo, evaluate)
+COMMANDS = (train, plan, demo, evaluate, init_model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect."
     )
-    names = ",".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
+    names = ",".join(command.__name__.rsplit(".", 1)[-1].replace("_", "-") for command in COMMANDS)
     commands = parser.add_subparsers(dest="command", required=True, metavar=f"{{{names}}}")
     for command in COMMANDS:
         command.add_parser(commands)
