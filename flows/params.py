@@ -217,6 +217,12 @@ class TrainingSettings(_Form):
         description="Probability that a record's entity labels are replaced by 'entity 1..n' while training "
         "(gliner2's own augmentation; its default 0.2).",
     )
+    repair_count_head: bool = Field(
+        default=False,
+        description="Before training, a span model whose count head predicts 0 for every label (it would extract "
+        "nothing: gliner2 does not train that head on entity tasks) stops the run; on, the head is pinned to one "
+        "instance per label instead, as `prefect-gliner2 init-model` builds it.",
+    )
     metric_for_best: Metric = Field(
         default="auto",
         description="Validation metric that selects the best model and drives early stopping; auto is eval_f1 "

@@ -111,6 +111,7 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
         f"- **best {metric}**: {_rounded(best) if best is not None else 'n/a (no validation)'}"
         + (f" at step {best_step}" if best_step is not None else ""),
     ]
+    lines += [f"- **WARNING**: {warning}" for warning in summary.get("warnings") or ()]
     chosen = next((v for v in validations if v.get("step") == best_step), None)
     if chosen is not None and "eval_f1" in chosen:
         lines.append(

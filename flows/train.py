@@ -165,6 +165,8 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
             )
         info = export_model(run.run_key, run.export_uri, "best")
         summary, final = finish(run, info, units_run=outcome.units_run)
+        for warning in summary.get("warnings") or ():
+            get_run_logger().warning("run %s: WARNING: %s", run.run_key, warning)
         reporter.validations = list(info.summary.eval_metrics_history or reporter.validations)
         reporter.finish(summary, cursor=final)
         _announce_completed(run, summary, final)

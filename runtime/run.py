@@ -32,6 +32,7 @@ from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.errors import CheckpointDamagedError, ConfigError
+from prefect_gliner2.session_core.run_warnings import run_warnings
 from prefect_gliner2.session_core.storage import absolute_uri, resolve
 
 __all__ = [
@@ -379,4 +380,11 @@ def _summary(run: OpenRun, info: ExportResult, cursor: DurableCursor | None, uni
         "fingerprint": live.fingerprint,
         "content_address": live.content_address,
         "flow_run_id": live.flow_run_id,
+        "warnings": list(
+            run_warnings(
+                native.eval_metrics_history,
+                architecture=live.plan.architecture,
+                threshold=float(live.plan.config.eval_threshold),
+            ).values()
+        ),
     }

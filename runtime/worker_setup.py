@@ -2,8 +2,9 @@
 
 Runs in the worker process (torch and gliner2 load here, inside ``build_training``): it pins the torch and hashing
 thread counts, reads the run's manifest, loads the model (an init-weights export as the frozen base of new LoRA
-adapters), builds the TrainingSession and ManagedTraining, then restores the checkpoint it is given, or loads the
-init weights of a fresh run.
+adapters), runs the pre-flight on a span model (``runtime.preflight``: a dead count head stops the run), builds the
+TrainingSession and ManagedTraining, then restores the checkpoint it is given, or loads the init weights of a fresh
+run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def build_training(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTr
     # every restore alike (a restore checks the base weights' hash), so load it as the base model.
     base_from_init = init is not None and lora and _is_native_model_dir(init)
     model = load_model(init if base_from_init and init is not None else spec.model)
+    if plan.architecture == "span" and (init is None or base_from_init):
+        _preflight(model, plan, init if base_from_init and init is not None else spec.model)
     session = TrainingSession(model, plan.config, max_steps=plan.max_steps, device=spec.device)
     evals = loaded.eval_examples
     run = ManagedTraining(session, plan, eval_examples=evals if evals else None)
@@ -46,6 +49,15 @@ def build_training(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTr
     elif init is not None and not base_from_init:
         session.load_weights(init)
     return plan, run
+
+
+def _preflight(model: Any, plan: ManagedTrainingPlan, source: str) -> None:
+    """The count-head pre-flight (``runtime.preflight``) on a few training records, before any compute is spent; a
+    model that full init weights replace afterwards was checked when those weights were trained."""
+    from prefect_gliner2.runtime.preflight import PROBE_RECORDS, check_count_head
+
+    examples = [plan.records[row].example for row in range(min(PROBE_RECORDS, len(plan.records)))]
+    check_count_head(model, examples, repair=bool(plan.config.repair_count_head), source=source)
 
 
 def init_weights_dir(uri: str, lora: bool) -> str:

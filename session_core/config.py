@@ -33,6 +33,7 @@ OWN_FIELDS: frozenset[str] = frozenset(
         "shuffle_entity_labels",
         "negative_label_prob",
         "synthetic_entity_label_prob",
+        "repair_count_head",
     }
 )
 
@@ -69,6 +70,10 @@ class TrainingConfig:
     random order), ``negative_label_prob`` (each entity label of the training data that a record does not list is
     asked with an empty answer with this probability, so the model learns to say "none"), and
     ``synthetic_entity_label_prob`` (gliner2's: a record's labels replaced by "entity 1..n"; gliner2's default 0.2).
+
+    ``repair_count_head``: the pre-flight before training (``runtime.preflight``) stops a span model whose count head
+    predicts 0 for every label (it would extract nothing); True pins that head to one instance per label instead
+    (what ``prefect-gliner2 init-model`` does). Default False.
 
     Refused outright (the session never drops data, changes precision or skips an update silently):
     fp16, distributed training (``local_rank != -1``), ``compile_model``, ``skip_step_errors``,
@@ -151,6 +156,7 @@ class TrainingConfig:
     shuffle_entity_labels: bool = True
     negative_label_prob: float = 0.5
     synthetic_entity_label_prob: float = 0.2
+    repair_count_head: bool = False
 
     def __post_init__(self) -> None:
         check_config(self)  # normalises, then raises one ConfigError listing every problem

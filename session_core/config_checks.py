@@ -102,6 +102,7 @@ FIELD_KINDS: dict[str, str] = {
             "lora_use_dora",
             "eval_extraction",
             "shuffle_entity_labels",
+            "repair_count_head",
         ],
         _BOOL,
     ),

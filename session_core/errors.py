@@ -13,6 +13,7 @@
     │   │   └── CheckpointDamagedError         its files differ from its index (hash, size, missing): use an earlier one
     │   ├── StateMismatchError (ValueError)    load_state on a session whose config/model/device differs
     │   ├── WeightsError (ValueError)          load_weights/export_weights input is wrong for this model
+    │   │   └── DeadCountHeadError             a span model whose count head predicts 0 for every label (pre-flight)
     │   │   └── AdapterMismatchError           a preloaded/loaded LoRA adapter differs from the config
     │   ├── SessionStateError (RuntimeError)   an operation in the wrong order (closed, past max_steps, not fresh)
     │   ├── TrainingNumericsError (FloatingPointError)  non-finite loss/gradients, or a loss without grad
@@ -42,6 +43,7 @@ __all__ = [
     "CheckpointDamagedError",
     "CheckpointError",
     "ConfigError",
+    "DeadCountHeadError",
     "LeaseUnreadableError",
     "ManifestError",
     "PlanMismatchError",
@@ -120,6 +122,11 @@ class StateMismatchError(SessionCoreError, ValueError):
 
 class WeightsError(SessionCoreError, ValueError):
     """Weights given to load_weights (or asked of export_weights) do not fit this model."""
+
+
+class DeadCountHeadError(WeightsError):
+    """A span model's count head predicts 0 instances for every label, so it extracts nothing at any threshold
+    (found by the pre-flight before training; ``prefect-gliner2 init-model`` or ``repair_count_head`` fix it)."""
 
 
 class AdapterMismatchError(WeightsError):

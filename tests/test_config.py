@@ -283,6 +283,7 @@ def test_to_native_kwargs_maps_every_field() -> None:
         "shuffle_entity_labels",
         "negative_label_prob",
         "synthetic_entity_label_prob",
+        "repair_count_head",
     }
     assert kwargs["lora_target_modules"] == ["encoder"] and isinstance(kwargs["lora_target_modules"], list)
     assert kwargs["fp16"] is False and kwargs["bf16"] is True and kwargs["num_workers"] == 0

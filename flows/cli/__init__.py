@@ -6,6 +6,7 @@
     prefect-gliner2 demo  [--dir DIR]
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
     prefect-gliner2 extract --model DIR_OR_REGISTRY --data IN.jsonl --out OUT.jsonl [--labels A,B] [--threshold T]
+    prefect-gliner2 init-model --encoder DIR_OR_ID --architecture span|boundary --out DIR
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else a local server the command starts and stops (``server``).
@@ -26,7 +27,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from prefect_gliner2.flows.cli import demo, evaluate, extract, plan, train
+from prefect_gliner2.flows.cli import demo, evaluate, extract, init_model, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.flows.cli.interrupts import exit_status, handling_signals, report_interrupt
 from prefect_gliner2.flows.cli.server import LocalServerError
@@ -35,7 +36,7 @@ from prefect_gliner2.session_core.errors import SessionCoreError
 __all__ = ["COMMANDS", "USAGE_ERROR", "main"]
 
 USAGE_ERROR = 2
-COMMANDS = (train, plan, demo, evaluate, extract)
+COMMANDS = (train, plan, demo, evaluate, extract, init_model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prefect-gliner2", description="Exact, resumable GLiNER2 fine-tuning on Prefect."
     )
-    names = ",".join(command.__name__.rsplit(".", 1)[-1] for command in COMMANDS)
+    names = ",".join(command.__name__.rsplit(".", 1)[-1].replace("_", "-") for command in COMMANDS)
     commands = parser.add_subparsers(dest="command", required=True, metavar=f"{{{names}}}")
     for command in COMMANDS:
         command.add_parser(commands)

@@ -121,4 +121,5 @@ def describe(summary: dict[str, Any]) -> str:
         lines.append(
             f"  Prefect flow run: {summary['flow_run_id']} (prefect flow-run inspect {summary['flow_run_id']})"
         )
+    lines += [f"WARNING: {warning}" for warning in summary.get("warnings") or ()]
     return "\n".join(lines)
