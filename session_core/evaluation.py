@@ -40,13 +40,20 @@ def native_losses(session: Any, batches: Sequence[Sequence[Pair]]) -> dict[str, 
 
 
 def score_extraction(
-    pairs: Sequence[Pair], extract: Extract, *, label_order: str = SHUFFLED, seed: int = 0, trial: int = 0
+    pairs: Sequence[Pair],
+    extract: Extract,
+    *,
+    label_order: str = SHUFFLED,
+    seed: int = 0,
+    trial: int = 0,
+    per_record: bool = False,
 ) -> ScoreReport:
     """Extract every record's text with the data set's schema (one batched call) and score it against its gold.
 
     ``label_order``: ``"shuffled"`` (the default) asks each record's labels in its own seeded random order
     (``label_order.shuffle_schema`` with the record's position, `seed` and `trial`), as a user's code would;
-    ``"canonical"`` asks them in the data set's own order, the order training records list them."""
+    ``"canonical"`` asks them in the data set's own order, the order training records list them. ``per_record``
+    keeps each record's counts (``ScoreReport.per_record``, what a paired bootstrap resamples)."""
     if label_order not in LABEL_ORDERS:
         raise ValueError(f"label_order must be one of {list(LABEL_ORDERS)}, got {label_order!r}")
     outputs: list[Mapping[str, Any]] = [output for _, output in pairs]
@@ -55,7 +62,7 @@ def score_extraction(
     if label_order == SHUFFLED:
         schemas = [shuffle_schema(s, seed=seed, position=i, trial=trial) for i, s in enumerate(schemas)]
     predictions = extract([text for text, _ in pairs], schemas)
-    return score_records(outputs, predictions, dataset)
+    return score_records(outputs, predictions, dataset, per_record=per_record)
 
 
 def order_robustness(

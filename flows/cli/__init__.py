@@ -5,12 +5,15 @@
     prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
     prefect-gliner2 demo  [--dir DIR]
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
+    prefect-gliner2 compare --a MODEL --b MODEL --data FILE [--guard FILE] [--json OUT]
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else an embedded ephemeral server. Re-running the same command
 after a crash resumes exactly. Bad arguments exit with status 2 and a message saying what to fix; a failed run
 exits with 1. ``evaluate`` scores a model's extractions on gold records (per-label precision, recall, F1 and
-support, then the totals) with gliner2's own batched inference, in this process.
+support, then the totals) with gliner2's own batched inference, in this process. ``compare`` decides whether model
+B would replace model A by the retraining flow's promotion rule (paired bootstrap intervals, per-label and guard-set
+checks), in this process.
 
 A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
 which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` shows.
@@ -22,14 +25,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from prefect_gliner2.flows.cli import demo, evaluate, plan, train
+from prefect_gliner2.flows.cli import compare, demo, evaluate, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.session_core.errors import SessionCoreError
 
 __all__ = ["COMMANDS", "USAGE_ERROR", "main"]
 
 USAGE_ERROR = 2
-COMMANDS = (train, plan, demo, evaluate)
+COMMANDS = (train, plan, demo, evaluate, compare)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
