@@ -43,6 +43,7 @@ from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT, decide_from_scores, metrics_only
 from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
 from prefect_gliner2.runtime.prepare import default_storage
+from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.metrics import EVAL_KEYS
 from prefect_gliner2.session_core.promotion import PromotionDecision
 from prefect_gliner2.session_core.records import load_records
@@ -131,6 +132,7 @@ def retrain_flow(
         run_key,
         current.version if current is not None else base_model,
     )
+    comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
     summary = train_flow(
         model=base_model,
         train_data=train_data,
@@ -142,7 +144,6 @@ def retrain_flow(
         checkpointing=checkpointing,
         execution=execution,
     )
-    comparison = _comparison(test_data, valid_data, guard_data)
     models = {CANDIDATE: str(summary["export"]), CURRENT: current.uri if current is not None else None, BASE: None}
     scores = score_for_promotion(
         {role: uri for role, uri in models.items() if role != CURRENT or uri is not None},
@@ -273,7 +274,7 @@ def _comparison(
 ) -> dict[str, Any]:
     """Which records the candidate and the current model are compared on (and guarded by), for scoring and lineage."""
     source, data = ("test_data", test_data) if test_data is not None else ("valid_data", valid_data)
-    records = load_records(data, what="test" if test_data is not None else "validation")
+    records = _enough(load_records(data, what="test" if test_data is not None else "validation"), source)
     out: dict[str, Any] = {
         "source": source,
         "data": {source: data},
@@ -283,8 +284,17 @@ def _comparison(
     }
     if guard_data is not None:
         out["data"][GUARD] = guard_data
-        out["guard_sha256"] = load_records(guard_data, what="guard").digest_hex
+        out["guard_sha256"] = _enough(load_records(guard_data, what="guard"), GUARD).digest_hex
     return out
+
+
+def _enough(records: Any, name: str) -> Any:
+    if len(records) < 2:
+        raise ConfigError(
+            f"{name} has {len(records)} record(s); the promotion decision resamples records and needs at least 2 "
+            "(a few hundred for a tight interval): pass more held-out records"
+        )
+    return records
 
 
 def _emit_decision(

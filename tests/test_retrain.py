@@ -254,3 +254,15 @@ def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatc
         assert outcome["decision"]["test"]["current"] == v1.lineage["decision"]["test"]["candidate"]
         gains.append(difference["estimate"])
     assert max(gains) > 0.0, gains  # a point-estimate rule would have flipped CURRENT
+
+
+def test_a_comparison_set_too_small_to_resample_is_refused_before_training(tmp_path: Path) -> None:
+    from prefect_gliner2.session_core.errors import ConfigError
+
+    valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(3, seed=1))
+    train = write_jsonl(tmp_path / "train.jsonl", tiny_records(3, seed=2))
+    one = write_jsonl(tmp_path / "one.jsonl", tiny_records(1, seed=3))
+    for where in ({"test_data": one}, {"guard_data": one}):
+        with pytest.raises(ConfigError, match="has 1 record\\(s\\); the promotion decision resamples records"):
+            _retrain(tmp_path, train, valid, **where)
+    assert not (tmp_path / "runs").exists() and ModelRegistry(str(tmp_path / "registry"), NAME).versions() == []
