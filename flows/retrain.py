@@ -12,11 +12,14 @@ Each run fingerprints the dataset (sha256 over the train and validation records'
 was trained from the same inputs, it finishes at once ("nothing to do"). Otherwise it trains a candidate with
 ``train_flow`` (a subflow) starting from the current production model's weights (fresh optimizer and schedule; the
 base model for the first version), under a run key derived from the model name, the inputs fingerprint and the
-starting version, so a crashed retrain resumes that run (and changed settings never collide with it). Candidate
-and current model are scored on the same held-out records (``test_data``, else ``valid_data``) in a child process,
-by extraction F1 unless another ``metric`` is named; the candidate is registered with its lineage either way and
-CURRENT moves only when it beats the current model by ``margin`` (the first candidate is always promoted; a
-candidate with F1 0 never replaces a model whose F1 is not 0).
+starting version, so a crashed retrain resumes that run (and changed settings never collide with it). The candidate,
+the current model and the base model are scored record by record on the same held-out records (``test_data``, else
+``valid_data``) and on the optional retention set ``guard_data``, under the same conditions (runtime/compare.py), in a
+child process; the promotion rule (``promotion``, session_core/promotion.py) decides from a seeded paired bootstrap:
+better beyond noise, no well-supported label lost, no regression on the guard set (the first candidate is always
+promoted). The candidate is registered with its lineage and the decision either way; CURRENT moves only when it is
+promoted. The decision (both F1s with intervals, the difference's interval, the label table with verdicts, the guard
+set, the rule) goes into the lineage, a markdown artifact and the ``model.promoted`` / ``model.rejected`` event.
 Importing this module does not import torch.
 """
 
@@ -24,27 +27,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.states import Completed, State
-from pydantic import Field
 
 from prefect_gliner2.flows.context import flow_run_id
 from prefect_gliner2.flows.events import emit_model_event
 from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings, TrainingSettings
+from prefect_gliner2.flows.promotion_settings import DEFAULT_PROMOTION, PromotionSettings
 from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.flows.train import DEFAULT_CHECKPOINTING, DEFAULT_EXECUTION, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
+from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT, decide_from_scores, metrics_only
 from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
 from prefect_gliner2.runtime.prepare import default_storage
-from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, EVAL_KEYS, greater_is_better_for
+from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.metrics import EVAL_KEYS
+from prefect_gliner2.session_core.promotion import PromotionDecision
 from prefect_gliner2.session_core.records import load_records
-from prefect_gliner2.tasks.heldout import evaluate_models
+from prefect_gliner2.tasks.promotion import score_for_promotion
 
-__all__ = ["data_fingerprint", "decide", "inputs_fingerprint", "retrain_flow", "retrain_run_key"]
+__all__ = ["GUARD", "data_fingerprint", "inputs_fingerprint", "retrain_flow", "retrain_run_key"]
+
+GUARD = "guard_data"  # the retention set's name in scores and decisions
 
 
 def data_fingerprint(train_data: str | list[str], valid_data: str | list[str]) -> dict[str, Any]:
@@ -67,38 +74,6 @@ def retrain_run_key(model_name: str, fingerprint: str, base: ModelVersion | None
     return f"retrain-{model_name[:64]}-{fingerprint[:16]}-{base.version if base is not None else 'base'}"
 
 
-def decide(
-    candidate: Mapping[str, Any],
-    current: Mapping[str, Any] | None,
-    *,
-    metric: str = DEFAULT_METRIC,
-    greater_is_better: bool = True,
-    margin: float = 0.0,
-    data: str = "valid_data",
-) -> tuple[bool, str]:
-    """Whether the candidate replaces the current model, and why in words: both models' F1 (and the metric when it
-    is another one) and the data they were measured on. A candidate whose F1 is 0 never replaces a model whose F1
-    is not, whatever the metric says."""
-    scores = f"candidate {_describe(candidate, metric)}"
-    if current is None:
-        return True, f"there is no current model: the first candidate is promoted ({scores}, on {data})"
-    scores += f", current model {_describe(current, metric)}, on {data}"
-    if candidate.get("eval_f1") == 0.0 and float(current.get("eval_f1") or 0.0) > 0.0:
-        return False, f"{scores}: a candidate that extracts nothing correct (F1 0) never replaces one that does"
-    value, reference = float(candidate[metric]), float(current[metric])
-    better = value > reference + margin if greater_is_better else value < reference - margin
-    relation = "above" if greater_is_better else "below"
-    verdict = "is" if better else "is not"
-    return better, f"{scores}: the candidate's {metric} {verdict} more than {margin:g} {relation} the current model's"
-
-
-def _describe(scores: Mapping[str, Any], metric: str) -> str:
-    parts = [f"F1 {float(scores['eval_f1']):.4f}"] if "eval_f1" in scores else []
-    if metric != "eval_f1":
-        parts.append(f"{metric} {float(scores[metric]):.6g}")
-    return " / ".join(parts)
-
-
 @flow(name="gliner2-retrain", persist_result=False)
 def retrain_flow(
     model_name: str,
@@ -107,16 +82,15 @@ def retrain_flow(
     registry_root: str,
     base_model: str,
     config: TrainingSettings,
-    metric: str = DEFAULT_METRIC,
-    greater_is_better: bool | None = None,
-    margin: Annotated[float, Field(ge=0)] = 0.0,
     test_data: str | list[str] | None = None,
+    guard_data: str | list[str] | None = None,
+    promotion: PromotionSettings = DEFAULT_PROMOTION,
     storage: str | None = None,
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
 ) -> State:
     """Retrain `model_name` when its data (or its training settings or base model) changed, and promote the
-    candidate only when it is better.
+    candidate only when it is better beyond noise and forgot nothing the rule protects.
 
     Args:
         model_name: The model's name in the registry (also names the run keys and the promotion event).
@@ -126,22 +100,19 @@ def retrain_flow(
         registry_root: Local directory or fsspec URL of the model registry.
         base_model: Model source the first version starts from (a directory, a Hugging Face id or "tiny:span").
         config: Training settings of every retraining run.
-        metric: Promotion metric: eval_f1 (default), eval_precision, eval_recall, eval_entity_f1,
-            eval_relation_f1, eval_classification_f1, eval_structure_f1, eval_macro_f1, or a loss (eval_loss, ...).
-        greater_is_better: Whether a higher metric is better (default: yes for P/R/F1, no for losses).
-        margin: How much better than the current model the candidate must be to be promoted.
         test_data: JSONL path(s) or URL(s) of separate held-out records for the comparison, so it does not reuse
             the data that selected the candidate's best checkpoint.
+        guard_data: JSONL path(s) or URL(s) of a retention set (e.g. the data the current model was trained on, or
+            probes with labels the new data never names) on which the candidate may not regress.
+        promotion: The promotion rule: margin, confidence, bootstrap resamples and seed, per-label and guard-set
+            tolerances.
         storage: Where run directories live (default: $PREFECT_GLINER2_STORAGE or ~/.prefect-gliner2/runs).
         checkpointing: The training runs' checkpoints: how often, how many kept, written in the background or not
             (see the training flow).
         execution: Batches per task, operations sent ahead, the device, and the torch threads of the training and
-            evaluation processes.
+            scoring processes.
     """
-    if metric not in EVAL_KEYS:
-        raise ValueError(f"metric {metric!r} is not one of {list(EVAL_KEYS)}; pick one of those (default eval_f1)")
-    if greater_is_better is None:
-        greater_is_better = greater_is_better_for(metric)
+    rule = promotion.to_rule()
     registry = ModelRegistry(registry_root, model_name)
     _label_run({"prefect-gliner2.model": model_name})
     data = data_fingerprint(train_data, valid_data)
@@ -161,6 +132,7 @@ def retrain_flow(
         run_key,
         current.version if current is not None else base_model,
     )
+    comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
     summary = train_flow(
         model=base_model,
         train_data=train_data,
@@ -172,16 +144,17 @@ def retrain_flow(
         checkpointing=checkpointing,
         execution=execution,
     )
-    comparison = _comparison(test_data, valid_data)
-    scores = _score_candidate(str(summary["export"]), current, base_model, comparison, training, execution)
-    promote, reason = decide(
-        scores["candidate"],
-        scores.get("current") if current is not None else None,
-        metric=metric,
-        greater_is_better=greater_is_better,
-        margin=margin,
-        data=comparison["description"],
+    models = {CANDIDATE: str(summary["export"]), CURRENT: current.uri if current is not None else None, BASE: None}
+    scores = score_for_promotion(
+        {role: uri for role, uri in models.items() if role != CURRENT or uri is not None},
+        base_model,
+        comparison["data"],
+        training.to_dict(),
+        cpu_threads=execution.cpu_threads or 1,
+        device=execution.device,
     )
+    test, guard = comparison["source"], GUARD if guard_data is not None else None
+    decision = decide_from_scores(scores, rule, test=test, guard=guard)
     lineage = {
         **data,
         "inputs_fingerprint": inputs,
@@ -189,31 +162,11 @@ def retrain_flow(
         "base_model": base_model,
         **_training_lineage(scores, current, summary, run_key, comparison),
         "config": training.to_dict(),
-        "metric": metric,
-        "greater_is_better": greater_is_better,
-        "margin": margin,
-        "promoted": promote,
-        "reason": reason,
+        "promoted": decision.promote,
+        "reason": _reason(decision.reasons, comparison),
+        "decision": decision.to_dict(),
     }
-    return _register(registry, str(summary["export"]), lineage, current, metric)
-
-
-def _score_candidate(
-    candidate: str,
-    current: ModelVersion | None,
-    base_model: str,
-    comparison: dict[str, Any],
-    training: Any,
-    execution: ExecutionSettings,
-) -> dict[str, dict[str, Any]]:
-    """The candidate's and the current model's scores on the comparison records, in a child process."""
-    models = {"candidate": candidate}
-    if current is not None:
-        models["current"] = current.uri
-    threads = execution.cpu_threads or 1
-    return evaluate_models(
-        models, base_model, comparison["data"], training.to_dict(), cpu_threads=threads, device=execution.device
-    )
+    return _register(registry, str(summary["export"]), lineage, current)
 
 
 def _training_lineage(
@@ -224,10 +177,11 @@ def _training_lineage(
     comparison: dict[str, Any],
 ) -> dict[str, Any]:
     """Where the candidate came from (its weights, the version it started from, its plan and run), what the models
-    were compared on, their metrics, and the candidate's training outcome."""
-    return {
-        "base_model_hash": scores["candidate"]["base_model_hash"],
-        "weights_sha256": scores["candidate"]["weights_sha256"],
+    were compared on, their scores, and the candidate's training outcome."""
+    candidate = scores[comparison["source"]][CANDIDATE]
+    out = {
+        "base_model_hash": candidate["base_model_hash"],
+        "weights_sha256": candidate["weights_sha256"],
         "init_weights": current.version if current is not None else None,
         "manifest_fingerprint": summary["content_address"],
         "plan_fingerprint": summary["fingerprint"],
@@ -236,14 +190,20 @@ def _training_lineage(
         "comparison_data": comparison["source"],
         "comparison_records_sha256": comparison["sha256"],
         "comparison_records": comparison["records"],
-        "metrics": {label: _metrics(values) for label, values in scores.items()},
+        "metrics": metrics_only(scores[comparison["source"]]),
         "training": {k: summary.get(k) for k in ("total_steps", "best_metric", "best_step", "label")},
     }
+    if GUARD in scores:
+        out |= {"guard_records_sha256": comparison["guard_sha256"], "guard_metrics": metrics_only(scores[GUARD])}
+    return out
 
 
-def _register(
-    registry: ModelRegistry, export: str, lineage: dict[str, Any], current: ModelVersion | None, metric: str
-) -> State:
+def _reason(reasons: tuple[str, ...], comparison: dict[str, Any]) -> str:
+    """The decision's reasons in one line, saying when the comparison reused the validation data."""
+    return "; ".join(reasons) + comparison["note"]
+
+
+def _register(registry: ModelRegistry, export: str, lineage: dict[str, Any], current: ModelVersion | None) -> State:
     """Register the candidate with its lineage (first: a crash never loses the decision), promote it when decided,
     announce and report the decision."""
     version = registry.register(export, lineage)
@@ -264,8 +224,9 @@ def _register(
         "data_fingerprint": lineage["data_fingerprint"],
         "run_key": lineage["run_key"],
         "metrics": lineage["metrics"],
+        "decision": lineage["decision"],
     }
-    _report(outcome, metric)
+    _report(outcome)
     get_run_logger().info("%s %s: %s", model_name, version.version, reason)
     message = (
         f"promoted {model_name} {version.version}"
@@ -308,30 +269,39 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
     return Completed(message=message, data=outcome)
 
 
-def _comparison(test_data: str | list[str] | None, valid_data: str | list[str]) -> dict[str, Any]:
-    """Which records the candidate and the current model are compared on, described for lineage and decision."""
+def _comparison(
+    test_data: str | list[str] | None, valid_data: str | list[str], guard_data: str | list[str] | None
+) -> dict[str, Any]:
+    """Which records the candidate and the current model are compared on (and guarded by), for scoring and lineage."""
     source, data = ("test_data", test_data) if test_data is not None else ("valid_data", valid_data)
-    records = load_records(data, what="test" if test_data is not None else "validation")
-    count = len(records)
-    note = "" if test_data is not None else ", the data that also selected the candidate's best checkpoint"
-    return {
+    records = _enough(load_records(data, what="test" if test_data is not None else "validation"), source)
+    out: dict[str, Any] = {
         "source": source,
-        "data": data,
+        "data": {source: data},
         "sha256": records.digest_hex,
-        "records": count,
-        "description": f"{source} ({count} records{note})",
+        "records": len(records),
+        "note": "" if test_data is not None else " (valid_data also selected the candidate's best checkpoint)",
     }
+    if guard_data is not None:
+        out["data"][GUARD] = guard_data
+        out["guard_sha256"] = _enough(load_records(guard_data, what="guard"), GUARD).digest_hex
+    return out
 
 
-def _metrics(values: dict[str, Any]) -> dict[str, Any]:
-    keys = (*EVAL_KEYS, "per_label", "examples", "uri", "thresholds", "threshold_source")
-    return {k: values[k] for k in keys if k in values}
+def _enough(records: Any, name: str) -> Any:
+    if len(records) < 2:
+        raise ConfigError(
+            f"{name} has {len(records)} record(s); the promotion decision resamples records and needs at least 2 "
+            "(a few hundred for a tight interval): pass more held-out records"
+        )
+    return records
 
 
 def _emit_decision(
     registry: ModelRegistry, version: ModelVersion, previous: ModelVersion | None, lineage: dict[str, Any]
 ) -> None:
-    """model.promoted or model.rejected, with absolute URIs of the version, the previous one and the registry."""
+    """model.promoted or model.rejected, with absolute URIs of the version, the previous one and the registry, and
+    the decision's numbers (both F1s with intervals, the difference's interval, the label table, guard set, rule)."""
     emit_model_event(
         MODEL_PROMOTED if lineage.get("promoted") else MODEL_REJECTED,
         registry.name,
@@ -344,6 +314,7 @@ def _emit_decision(
             "reason": lineage.get("reason"),
             "data_fingerprint": lineage.get("data_fingerprint"),
             "metrics": lineage.get("metrics"),
+            "decision": lineage.get("decision"),
             "run_key": lineage.get("run_key"),
             "flow_run_id": flow_run_id(),
         },
@@ -363,15 +334,18 @@ def _label_run(labels: dict[str, Any]) -> None:
         client.update_flow_run_labels(UUID(current), labels)
 
 
-def _report(outcome: dict[str, Any], metric: str) -> None:
+def _report(outcome: dict[str, Any]) -> None:
+    """A table artifact of both models' metrics, and the decision as markdown (verdict, reasons, F1s with intervals,
+    the label table with verdicts, the guard set, the rule)."""
     name, metrics = outcome["model_name"], outcome["metrics"]
-    candidate, current = metrics["candidate"], metrics.get("current", {})
+    candidate, current = metrics[CANDIDATE], metrics.get(CURRENT, {})
     rows = [
         {
             "metric": key,
             "candidate": candidate.get(key),
             "current": current.get(key),
-            "difference": (candidate[key] - current[key]) if key in current and key in candidate else None,
+            "base": metrics.get(BASE, {}).get(key),
+            "difference": (candidate[key] - current[key]) if key in current else None,
         }
         for key in EVAL_KEYS
         if key in candidate
@@ -381,21 +355,14 @@ def _report(outcome: dict[str, Any], metric: str) -> None:
         table=rows,
         description=f"{name}: candidate {outcome['version']} vs current {outcome['previous']}",
     )
-    decision = "promoted" if outcome["status"] == "promoted" else "not promoted"
+    decision = PromotionDecision.from_dict(outcome["decision"])
     create_markdown_artifact(
         key=artifact_key(f"model-{name}", "retrain"),
         markdown=(
-            f"## Retraining {name}: {outcome['version']} {decision}\n\n{outcome['reason']} ({metric}).\n\n"
-            f"| | version | F1 | precision | recall | {metric} |\n|---|---|---:|---:|---:|---:|\n"
-            f"| candidate | {outcome['version']} | {_cells(candidate, metric)} |\n"
-            f"| current | {outcome['previous']} | {_cells(current, metric)} |\n\n"
+            f"# Retraining {name}: candidate {outcome['version']} against current {outcome['previous']}\n\n"
+            f"{decision.to_markdown()}\n"
             f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
             f"`{outcome['data_fingerprint'][:16]}`.\n"
         ),
         description=f"{name} retraining decision",
     )
-
-
-def _cells(scores: Mapping[str, Any], metric: str) -> str:
-    keys = ("eval_f1", "eval_precision", "eval_recall", metric)
-    return " | ".join("" if scores.get(k) is None else f"{float(scores[k]):.4g}" for k in keys)

@@ -12,7 +12,9 @@ Training runs (resource ``prefect-gliner2.run.RUN_KEY``; every payload also name
 - ``prefect-gliner2.run.failed``: the run stopped with an error (``error``); rerun the run key to resume.
 
 Retraining (resource ``prefect-gliner2.model.NAME``): ``prefect-gliner2.model.promoted`` and
-``prefect-gliner2.model.rejected``, emitted by the retraining flow.
+``prefect-gliner2.model.rejected``, emitted by the retraining flow; ``decision`` is the promotion decision
+(``PromotionDecision.to_dict()``: both F1s with their intervals, the difference's interval, the per-label table with
+verdicts, the guard-set result and the rule) and ``metrics`` the models' scores on the test records.
 
 Local storage is reported as absolute paths (``/srv/runs/ner-v1``), any other storage as full fsspec URLs. Each
 builder returns the keyword arguments of ``prefect.events.emit_event`` (``event``, ``resource``, ``payload``); the

@@ -42,17 +42,24 @@ def native_losses(session: Any, batches: Sequence[Sequence[Pair]]) -> dict[str, 
 
 
 def score_extraction(
-    pairs: Sequence[Pair], extract: Extract, *, label_order: str = SHUFFLED, seed: int = 0, trial: int = 0
+    pairs: Sequence[Pair],
+    extract: Extract,
+    *,
+    label_order: str = SHUFFLED,
+    seed: int = 0,
+    trial: int = 0,
+    per_record: bool = False,
 ) -> ScoreReport:
     """Extract every record's text with the data set's schema (one batched call) and score it against its gold.
 
     ``label_order``: ``"shuffled"`` (the default) asks each record's labels in its own seeded random order
     (``label_order.shuffle_schema`` with the record's position, `seed` and `trial`), as a user's code would;
-    ``"canonical"`` asks them in the data set's own order, the order training records list them."""
+    ``"canonical"`` asks them in the data set's own order, the order training records list them. ``per_record``
+    keeps each record's counts (``ScoreReport.per_record``, what a paired bootstrap resamples)."""
     outputs: list[Mapping[str, Any]] = [output for _, output in pairs]
     schemas = extraction_schemas(outputs, label_order=label_order, seed=seed, trial=trial)
     predictions = extract([text for text, _ in pairs], schemas)
-    return score_records(outputs, predictions, DatasetSchema.of(outputs))
+    return score_records(outputs, predictions, DatasetSchema.of(outputs), per_record=per_record)
 
 
 def extraction_schemas(

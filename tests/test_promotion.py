@@ -291,3 +291,18 @@ def test_a_label_drop_rejects_when_beyond_the_tolerance_and_beyond_noise():
     assert person.difference.estimate < -0.05 < person.difference.high < 0 and person.verdict == "regressed"
     # award: a drop of 0.083 on 12 gold items whose interval reaches 0 (one record): may be noise, not rejected
     assert award.difference.estimate < -0.05 and award.difference.high == 0 and award.verdict == "ok"
+
+
+def test_the_flow_form_offers_every_rule_setting_with_the_rules_defaults_and_ranges():
+    from dataclasses import fields
+
+    from pydantic import ValidationError
+
+    from prefect_gliner2.flows.promotion_settings import DEFAULT_PROMOTION, PromotionSettings
+
+    assert set(PromotionSettings.model_fields) == {f.name for f in fields(PromotionRule)}
+    assert DEFAULT_PROMOTION.to_rule() == PromotionRule()
+    assert PromotionSettings(margin=-0.5, method="BCa").to_rule() == PromotionRule(margin=-0.5, method="BCa")
+    for bad in ({"margin": 1.0}, {"resamples": 10}, {"method": "bca"}, {"confidence": 0.0}, {"treshold": 0.5}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            PromotionSettings(**bad)

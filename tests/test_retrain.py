@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from prefect_gliner2.flows import events as flow_events
-from prefect_gliner2.flows import retrain
 from prefect_gliner2.flows.params import TrainingSettings
-from prefect_gliner2.flows.retrain import data_fingerprint, decide, inputs_fingerprint, retrain_flow
+from prefect_gliner2.flows.retrain import data_fingerprint, inputs_fingerprint, retrain_flow
 from prefect_gliner2.model_registry import ModelRegistry
 from prefect_gliner2.runtime.errors import RunConflictError
 from prefect_gliner2.session_core.tiny import tiny_records
@@ -35,6 +34,8 @@ LINEAGE_KEYS = {
     "metrics",
     "promoted",
     "reason",
+    "decision",
+    "weights_sha256",
     "init_weights",
     "train_records_sha256",
     "valid_records_sha256",
@@ -52,7 +53,6 @@ def _retrain(root: Path, train: str, valid: str, **overrides: Any) -> dict[str, 
         config=training_config(num_epochs=1),
         storage=str(root / "runs"),
         execution={"cpu_threads": THREADS},
-        metric="eval_loss",  # tiny models trained this briefly extract nothing: F1 is 0 for every version
     )
     params.update(overrides)
     outcome = retrain_flow(**params)
@@ -66,29 +66,6 @@ def _assert_pointer_valid(root: Path) -> None:
     if pointer.exists():
         data = json.loads(pointer.read_text())
         assert (root / "registry" / NAME / "versions" / data["version"] / "lineage.json").exists()
-
-
-def test_decide() -> None:
-    from prefect_gliner2.session_core.metrics import EVAL_KEYS
-
-    assert retrain.EVAL_KEYS is EVAL_KEYS  # one list of metric names
-    loss = {"eval_loss": 1.0, "eval_f1": 0.5}
-    assert decide({"eval_loss": 1.0, "eval_f1": 0.1}, None, metric="eval_loss", greater_is_better=False, margin=5.0)[0]
-    assert decide({"eval_loss": 0.5, "eval_f1": 0.5}, loss, metric="eval_loss", greater_is_better=False, margin=0.1)[0]
-    assert not decide(
-        {"eval_loss": 0.95, "eval_f1": 0.5}, loss, metric="eval_loss", greater_is_better=False, margin=0.1
-    )[0]
-    assert not decide({"eval_loss": 1.0, "eval_f1": 0.5}, loss, metric="eval_loss", greater_is_better=False)[0]
-    better, reason = decide({"eval_f1": 0.9}, {"eval_f1": 0.5}, margin=0.1, data="test_data (8 records)")
-    assert better and reason == (
-        "candidate F1 0.9000, current model F1 0.5000, on test_data (8 records): "
-        "the candidate's eval_f1 is more than 0.1 above the current model's"
-    )
-    assert not decide({"eval_f1": 0.5}, {"eval_f1": 0.9})[0]
-    # a candidate extracting nothing correct never replaces one that does, even when its loss is lower
-    zero, why = decide({"eval_loss": 0.1, "eval_f1": 0.0}, loss, metric="eval_loss", greater_is_better=False)
-    assert not zero and "F1 0.0000" in why and "F1 0.5000" in why and "never replaces" in why
-    assert not decide({"eval_f1": 0.0}, {"eval_f1": 0.0})[0]  # no better: nothing to promote
 
 
 def _model_events(emitted: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,21 +101,23 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     v1 = registry.get("v000001")
     assert LINEAGE_KEYS <= set(v1.lineage) and v1.lineage["promoted"] is True and v1.lineage["init_weights"] is None
     assert v1.lineage["data_fingerprint"] == data_fingerprint(str(train), valid)["data_fingerprint"]
-    assert set(v1.lineage["metrics"]) == {"candidate"}
+    assert set(v1.lineage["metrics"]) == {"candidate", "base"}  # the base model's score sits beside
     # the held-out score uses the thresholds fitted at export on the same records: it is the fitted F1, and the F1
     # those thresholds replace (at 0.5) is the training run's own best validation metric (same weights, batches)
-    # (training selects by eval_f1, the default; the comparison here uses eval_loss)
     candidate = v1.lineage["metrics"]["candidate"]
-    assert candidate["threshold_source"] == "fitted" and v1.lineage["thresholds"] == candidate["thresholds"]
+    assert candidate["thresholds_from"] == "recorded" and v1.lineage["thresholds"] == candidate["thresholds"]
     assert candidate["eval_f1"] == candidate["thresholds"]["details"]["f1"]
     assert candidate["thresholds"]["details"]["f1_default"] == v1.lineage["training"]["best_metric"]
     assert v1.lineage["comparison_data"] == "valid_data" and v1.lineage["comparison_records"] == 4
-    assert "on valid_data (4 records, the data that also selected the candidate's best checkpoint)" in first["reason"]
+    assert first["reason"].startswith("there is no current model: the first candidate is promoted")
+    assert first["reason"].endswith("(valid_data also selected the candidate's best checkpoint)")
+    assert v1.lineage["decision"]["verdict"] == "promoted" and v1.lineage["decision"]["test"]["records"] == 4
     events = _model_events(emitted)
     assert [e["event"] for e in events] == ["prefect-gliner2.model.promoted"]
     assert events[0]["resource"]["prefect.resource.id"] == f"prefect-gliner2.model.{NAME}"
     assert v1.uri == str(tmp_path / "registry" / NAME / "versions" / "v000001") == events[0]["payload"]["uri"]
     assert events[0]["payload"]["registry"] == str(tmp_path / "registry")
+    assert events[0]["payload"]["decision"] == v1.lineage["decision"]
     labels = {"prefect-gliner2.model": NAME, "prefect-gliner2.version": "v000001"}
     _assert_labels(events[0]["payload"]["flow_run_id"], labels)
 
@@ -149,17 +128,21 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert [v.version for v in registry.versions()] == ["v000001"]
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(4, seed=6))
-    rejected = _retrain(tmp_path, str(train), valid, margin=1e6)
+    rejected = _retrain(tmp_path, str(train), valid, promotion={"margin": 0.9})
     assert (rejected["status"], rejected["version"], rejected["current"]) == ("rejected", "v000002", "v000001")
     v2 = registry.get("v000002")
     assert v2.lineage["promoted"] is False and v2.lineage["init_weights"] == "v000001"
     assert v2.lineage["run_key"].endswith("-v000001")
-    # the current model scores exactly what it scored as a candidate
-    assert v2.lineage["metrics"]["current"]["eval_loss"] == v1.lineage["metrics"]["candidate"]["eval_loss"]
+    # the current model scores exactly what it scored as a candidate: the same counts, the same interval
+    assert v2.lineage["decision"]["test"]["current"] == v1.lineage["decision"]["test"]["candidate"]
+    assert v2.lineage["metrics"]["current"]["per_label"] == v1.lineage["metrics"]["candidate"]["per_label"]
+    assert "is not above the margin 0.9" in v2.lineage["reason"] == rejected["reason"]
+    assert _retrain_markdown().startswith(f"# Retraining {NAME}: candidate v000002 against current v000001")
     assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
     events = _model_events(emitted)
     assert [e["event"] for e in events][1:] == ["prefect-gliner2.model.rejected"]
     assert events[1]["payload"]["uri"] == v2.uri and events[1]["payload"]["previous_uri"] == v1.uri
+    assert events[1]["payload"]["decision"] == v2.lineage["decision"]
 
     # the candidate run records where it started: resuming it with other init_weights is refused
     from prefect_gliner2.flows.train import train_flow
@@ -173,15 +156,15 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         )
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(8, seed=7))
-    promoted = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2))
+    tolerant = {"margin": -0.9}  # not worse by more than 0.9 F1 (these tiny models extract nothing yet)
+    promoted = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2), promotion=tolerant)
     assert (promoted["status"], promoted["version"], promoted["current"], promoted["previous"]) == (
         "promoted",
         "v000003",
         "v000003",
         "v000001",
     )
-    scores = promoted["metrics"]
-    assert scores["candidate"]["eval_loss"] < scores["current"]["eval_loss"]
+    assert promoted["decision"]["rule"]["margin"] == -0.9 and promoted["decision"]["test"]["difference"]["low"] > -0.9
     assert json.loads((tmp_path / "registry" / NAME / "CURRENT.json").read_text())["previous"] == "v000001"
     assert [(e["event"].rsplit(".", 1)[-1], e["resource"]["version"]) for e in _model_events(emitted)] == [
         ("promoted", "v000001"),
@@ -191,11 +174,23 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     # same data, other training settings: a new candidate (never a conflict with the earlier run key)
     assert _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2))["status"] == "unchanged"
-    settings = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=1), margin=1e6)
+    settings = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=1), promotion={"margin": 0.9})
     assert (settings["status"], settings["version"], settings["current"]) == ("rejected", "v000004", "v000003")
     v4 = registry.get("v000004")
     assert v4.lineage["data_fingerprint"] == registry.get("v000003").lineage["data_fingerprint"]
     assert v4.lineage["inputs_fingerprint"] != registry.get("v000003").lineage["inputs_fingerprint"]
+
+
+def _retrain_markdown() -> str:
+    """The newest retraining decision artifact's markdown."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        [artifact] = client.read_latest_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"gliner2-model-{NAME}-retrain"]))
+        )
+    return str(artifact.data)
 
 
 def test_a_relative_registry_root_is_stored_and_reported_absolute(
@@ -230,47 +225,47 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
     assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
 
 
-def _swapped(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Bad training data: people labelled as cities and cities as people (labels kept in their usual order)."""
-    swap = {"person": "city", "city": "person"}
-    out = []
-    for record in records:
-        entities = record["output"]["entities"]
-        swapped = {label: entities.get(swap.get(label, label)) for label in ("person", "city", "company", "day")}
-        out.append({"input": record["input"], "output": {"entities": {k: v for k, v in swapped.items() if v}}})
-    return out
-
-
-def test_promotion_follows_extraction_f1_on_test_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A candidate with better F1 is promoted, a worse one is not; the decision names both F1s and the data."""
+def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that extracts; two retrains in a row on data that does not change its quality leave CURRENT alone:
+    the point F1 moves, the interval says noise. The current model scores what it scored as a candidate."""
     monkeypatch.setattr(flow_events, "emit_event", lambda **kw: None)
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(16, seed=99))
-    test = write_jsonl(tmp_path / "test.jsonl", tiny_records(16, seed=98))
-    learns = training_config(batch_size=8, gradient_accumulation_steps=1, num_epochs=12, encoder_lr=5e-3, task_lr=2e-2)
+    test = write_jsonl(tmp_path / "test.jsonl", tiny_records(24, seed=98))
+    no_augmentation = {"shuffle_entity_labels": False, "negative_label_prob": 0.0, "synthetic_entity_label_prob": 0.0}
+    learns = training_config(
+        batch_size=8, gradient_accumulation_steps=1, num_epochs=12, encoder_lr=5e-3, task_lr=2e-2, **no_augmentation
+    )
     registry = ModelRegistry(str(tmp_path / "registry"), NAME)
 
     def run(train: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
         path = write_jsonl(tmp_path / f"train-{len(registry.versions())}.jsonl", train)
-        params = {"metric": "eval_f1", "config": learns, "test_data": test, **overrides}
-        return _retrain(tmp_path, path, valid, **params)
+        return _retrain(tmp_path, path, valid, **{"config": learns, "test_data": test, **overrides})
 
-    first = run(tiny_records(96, seed=1))
+    first = run(tiny_records(96, seed=1))  # 144 updates: it extracts
     v1 = registry.get(first["version"])
     assert first["status"] == "promoted" and v1.lineage["comparison_data"] == "test_data"
-    assert v1.lineage["metrics"]["candidate"]["eval_f1"] > 0.0  # it extracts
-    assert v1.lineage["metrics"]["candidate"]["examples"] == 16
+    scores = v1.lineage["metrics"]
+    assert scores["candidate"]["eval_f1"] > scores["base"]["eval_f1"] and scores["candidate"]["examples"] == 24
 
-    worse = run(_swapped(tiny_records(64, seed=2)), config={**learns, "num_epochs": 10})
-    scores = worse["metrics"]
-    assert scores["candidate"]["eval_f1"] < scores["current"]["eval_f1"]
-    assert (worse["status"], worse["current"]) == ("rejected", first["version"])
-    for value in (scores["candidate"]["eval_f1"], scores["current"]["eval_f1"]):
-        assert f"F1 {value:.4f}" in worse["reason"]
-    assert "on test_data (16 records)" in worse["reason"]
-    assert scores["current"]["eval_f1"] == v1.lineage["metrics"]["candidate"]["eval_f1"]  # same data, same score
+    same_quality = {**learns, "num_epochs": 1, "encoder_lr": 5e-4, "task_lr": 2e-3}
+    gains = []
+    for seed in (10, 11):  # more records of the same kind, one gentle epoch from the current model
+        outcome = run(tiny_records(24, seed=seed), config=same_quality)
+        assert (outcome["status"], outcome["current"]) == ("rejected", first["version"]), outcome["reason"]
+        difference = outcome["decision"]["test"]["difference"]
+        assert difference["low"] <= 0.0 and "test_data (24 records)" in outcome["reason"]
+        assert outcome["decision"]["test"]["current"] == v1.lineage["decision"]["test"]["candidate"]
+        gains.append(difference["estimate"])
+    assert max(gains) > 0.0, gains  # a point-estimate rule would have flipped CURRENT
 
-    better = run(tiny_records(160, seed=3))
-    scores = better["metrics"]
-    assert scores["candidate"]["eval_f1"] > scores["current"]["eval_f1"] > 0.0
-    assert (better["status"], better["current"], better["previous"]) == ("promoted", better["version"], "v000001")
-    assert f"F1 {scores['candidate']['eval_f1']:.4f}" in better["reason"] and "test_data" in better["reason"]
+
+def test_a_comparison_set_too_small_to_resample_is_refused_before_training(tmp_path: Path) -> None:
+    from prefect_gliner2.session_core.errors import ConfigError
+
+    valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(3, seed=1))
+    train = write_jsonl(tmp_path / "train.jsonl", tiny_records(3, seed=2))
+    one = write_jsonl(tmp_path / "one.jsonl", tiny_records(1, seed=3))
+    for where in ({"test_data": one}, {"guard_data": one}):
+        with pytest.raises(ConfigError, match="has 1 record\\(s\\); the promotion decision resamples records"):
+            _retrain(tmp_path, train, valid, **where)
+    assert not (tmp_path / "runs").exists() and ModelRegistry(str(tmp_path / "registry"), NAME).versions() == []

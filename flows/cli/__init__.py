@@ -7,6 +7,7 @@
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
     prefect-gliner2 extract --model DIR_OR_REGISTRY --data IN.jsonl --out OUT.jsonl [--labels A,B] [--threshold T]
     prefect-gliner2 init-model --encoder DIR_OR_ID --architecture span|boundary --out DIR
+    prefect-gliner2 compare --a MODEL --b MODEL --data FILE [--guard FILE] [--json OUT]
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else a local server the command starts and stops (``server``).
@@ -15,7 +16,8 @@ what to fix; a failed run exits with 1; Ctrl-C or SIGTERM records the run as cra
 and the resume hint (``interrupts``). ``evaluate`` scores a model's extractions on gold records (per-label
 precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in this process.
 ``extract`` writes a model's extractions for a JSONL file of texts, resumably (the same command after a kill
-continues where it stopped).
+continues where it stopped). ``compare`` decides whether model B would replace model A by the retraining flow's
+promotion rule (paired bootstrap intervals, per-label and guard-set checks), in this process.
 
 A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
 which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` shows.
@@ -27,7 +29,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from prefect_gliner2.flows.cli import demo, evaluate, extract, init_model, plan, train
+from prefect_gliner2.flows.cli import compare, demo, evaluate, extract, init_model, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.flows.cli.interrupts import exit_status, handling_signals, report_interrupt
 from prefect_gliner2.flows.cli.server import LocalServerError
@@ -36,7 +38,7 @@ from prefect_gliner2.session_core.errors import SessionCoreError
 __all__ = ["COMMANDS", "USAGE_ERROR", "main"]
 
 USAGE_ERROR = 2
-COMMANDS = (train, plan, demo, evaluate, extract, init_model)
+COMMANDS = (train, plan, demo, evaluate, compare, extract, init_model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
