@@ -174,7 +174,11 @@ def test_demo_trains_the_tiny_model_offline(
     monkeypatch.setitem(DEMO_CONFIG, "num_epochs", 2)
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
+    exported = json.loads((tmp_path / "demo" / "model" / "export.json").read_text())
+    model_line = f"model (best weights of step {exported['step']}): {tmp_path / 'demo' / 'model'}"
+    assert model_line in out and "Prefect flow run:" in out
+    # the thresholds fitted on the 4 validation records: in the run summary and used for the held-out scores
+    assert out.count("fitted on 4 validation records: micro F1") == 2
     assert "best eval_f1:" in out
     assert f"held-out F1 on 6 unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
     assert "  before training: F1 " in out and "  after training:  F1 " in out
