@@ -154,7 +154,8 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
     resumed = _cli(argv, env)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out + err[-4000:]
-    assert f"model (best weights): {tmp_path / 'model'}" in out
+    step = json.loads((tmp_path / "model" / "export.json").read_text())["step"]
+    assert f"model (best weights of step {step}): {tmp_path / 'model'}" in out
     assert "resuming run cli-crash from checkpoint step-000004-batch-000007" in err
     assert "batch 12/12 · step 6/6 · epoch 2/2" in err  # the progress bar (stderr)
     reference = reference_export("tiny:span", files, training_config(), tmp_path / "direct")
