@@ -85,22 +85,27 @@ def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
             f"the demo directory {directory} holds a demo run with a different plan (made by another version of "
             f"prefect-gliner2?): delete that directory to start the demo over, or pass another --dir. ({exc})"
         ) from exc
+    from prefect_gliner2.session_core.thresholds import read_thresholds
     from prefect_gliner2.session_core.weights import load_exported_model
 
-    after = _score(load_exported_model(str(summary["export"])), paths["test"], config, examples=DEMO_SIZES["examples"])
+    export = str(summary["export"])
+    fitted = read_thresholds(export)  # fitted on the validation records at export; the demo extracts with them
+    after = _score(load_exported_model(export), paths["test"], config, examples=DEMO_SIZES["examples"], fitted=fitted)
     return {**summary, "demo": {"test_data": paths["test"], "before": before, "after": after}}
 
 
-def _score(model: Any, test_data: str, config: Any, *, examples: int = 0) -> dict[str, Any]:
-    """Held-out scores of `model` with gliner2's batched inference, each record's labels asked in a seeded random
-    order (as a user's code asks them), the F1 spread over DEMO_ORDERS orders, and the first `examples`
-    extractions."""
+def _score(model: Any, test_data: str, config: Any, *, examples: int = 0, fitted: Any = None) -> dict[str, Any]:
+    """Held-out scores of `model` with gliner2's batched inference at its `fitted` thresholds (else the config's
+    eval_threshold), each record's labels asked in a seeded random order (as a user's code asks them), the F1
+    spread over DEMO_ORDERS orders, and the first `examples` extractions."""
     from prefect_gliner2.session_core.evaluation import model_extractor, order_robustness
     from prefect_gliner2.session_core.pairs import to_pairs
     from prefect_gliner2.session_core.records import load_records
+    from prefect_gliner2.session_core.thresholds import fixed
 
     pairs = to_pairs(load_records(test_data, what="held-out").examples())
-    extract = model_extractor(model, threshold=config.eval_threshold, batch_size=config.eval_batch_size)
+    thresholds = fitted if fitted is not None else fixed(config.eval_threshold)
+    extract = model_extractor(model, threshold=thresholds, batch_size=config.eval_batch_size)
     shown: list[dict[str, Any]] = []
 
     def keep(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -125,11 +130,14 @@ def _score(model: Any, test_data: str, config: Any, *, examples: int = 0) -> dic
         "fp": total.fp,
         "fn": total.fn,
         "examples": shown,
+        "thresholds": thresholds.to_dict(),
     }
 
 
 def demo_report(demo: dict[str, Any]) -> str:
     """What the demo prints at the end: held-out F1 before and after training, and example extractions."""
+    from prefect_gliner2.session_core.thresholds import describe
+
     before, after = demo["before"], demo["after"]
     lines = [
         f"held-out F1 on {after['records']} unseen records ({demo['test_data']}):",
@@ -140,6 +148,7 @@ def demo_report(demo: dict[str, Any]) -> str:
         f"  labels asked in a random order per record, as users ask them; over {after['orders']} orders F1 "
         f"{after['eval_f1_order_min']:.3f}-{after['eval_f1_order_max']:.3f} "
         f"(in the training data's own order {after['eval_f1_canonical']:.3f})",
+        f"  {describe(after['thresholds'])}",
         "example extractions by the trained model:",
     ]
     for item in after["examples"]:

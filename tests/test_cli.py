@@ -155,7 +155,8 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
     resumed = _cli(argv, env)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out + err[-4000:]
-    assert f"model (best weights): {tmp_path / 'model'}" in out
+    step = json.loads((tmp_path / "model" / "export.json").read_text())["step"]
+    assert f"model (best weights of step {step}): {tmp_path / 'model'}" in out
     assert "resuming run cli-crash from checkpoint step-000004-batch-000007" in err
     assert "batch 12/12 · step 6/6 · epoch 2/2" in err  # the progress bar (stderr)
     reference = reference_export("tiny:span", files, training_config(), tmp_path / "direct")
@@ -175,7 +176,11 @@ def test_demo_trains_the_tiny_model_offline(
     assert DEMO_ORDERS == 8
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    assert f"model (best weights): {tmp_path / 'demo' / 'model'}" in out and "Prefect flow run:" in out
+    exported = json.loads((tmp_path / "demo" / "model" / "export.json").read_text())
+    model_line = f"model (best weights of step {exported['step']}): {tmp_path / 'demo' / 'model'}"
+    assert model_line in out and "Prefect flow run:" in out
+    # the thresholds fitted on the 4 validation records: in the run summary and used for the held-out scores
+    assert out.count("fitted on 4 validation records: micro F1") == 2
     assert "best eval_f1:" in out
     assert f"held-out F1 on {DEMO_SIZES['test']} unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
     assert "  before training: F1 " in out and "  after training:  F1 " in out
