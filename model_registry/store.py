@@ -146,11 +146,11 @@ class ModelRegistry:
     def _claim_next(self) -> str:
         folder = f"{self.path}/{REGISTRY_VERSIONS_DIR}"
         self.fs.makedirs(folder, exist_ok=True)
-        taken = [
-            int(m.group(1))
-            for e in self.fs.ls(folder, detail=False)
-            if (m := _VERSION.match(e.rstrip("/").rsplit("/", 1)[-1]))
-        ]
+        try:
+            entries = self.fs.ls(folder, detail=False)
+        except FileNotFoundError:  # an object store has no empty folder: nothing registered yet
+            entries = []
+        taken = [int(m.group(1)) for e in entries if (m := _VERSION.match(e.rstrip("/").rsplit("/", 1)[-1]))]
         number = max(taken, default=0) + 1
         while True:
             version = f"v{number:06d}"

@@ -200,9 +200,14 @@ def _continue_or_record(job: ExtractJob) -> ExtractJob:
                 "or delete it"
             )
         if changed:
+            moved = (
+                f" (it used {recorded.model.describe()}: a registry's CURRENT may have moved; name that version)"
+                if "model" in changed
+                else ""
+            )
             raise ConfigError(
-                f"{job.work} holds an extraction into {job.out} with other {', '.join(changed)}; rerun with the same "
-                f"arguments to finish it, or delete {job.work} (and {job.out}) to start over"
+                f"{job.work} holds an extraction into {job.out} with other {', '.join(changed)}{moved}; rerun with "
+                f"the same arguments to finish it, or delete {job.work} (and {job.out}) to start over"
             )
         if recorded.committed is None or out_fs.exists(out_path):
             if recorded.committed is not None:

@@ -149,7 +149,8 @@ class Extractor:
         import torch
 
         built = [self._schema(schema) for schema in schemas]
-        long = [i for i, text in enumerate(texts) if self.words(text) > self.chunk_size]
+        # a word is at least one character: a text no longer than chunk_size characters needs no counting
+        long = [i for i, text in enumerate(texts) if len(text) > self.chunk_size and self.words(text) > self.chunk_size]
         chunked = set(long)
         short = [i for i in range(len(texts)) if i not in chunked]
         results: list[Any] = [None] * len(texts)

@@ -22,6 +22,7 @@ from support.prefect_harness import delete_deployments
 from support.processes import serving
 
 TRAIN, RETRAIN, SWEEP = "gliner2-train/train", "gliner2-retrain/retrain-nightly", "gliner2-sweep/sweep"
+EXTRACT = "gliner2-extract/extract"
 
 
 def form_config(**overrides: Any) -> dict[str, Any]:
@@ -194,7 +195,7 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
         }
     }
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
-    delete_deployments(TRAIN, RETRAIN, SWEEP)
+    delete_deployments(TRAIN, RETRAIN, SWEEP, EXTRACT)
     command = [
         sys.executable,
         "-m",
@@ -232,6 +233,23 @@ def test_served_deployments_run_and_validate(served: dict[str, Any]) -> None:
     assert "promoted served v000001" in (states["retrain"].message or "")
     assert (root / "runs" / "served-train" / "export" / "export.json").exists()
     assert json.loads((root / "registry" / "served" / "CURRENT.json").read_text())["version"] == "v000001"
+    # the promoted model (CURRENT) extracts through the extract deployment
+    texts = write_jsonl(root / "texts.jsonl", [{"text": r["input"]} for r in tiny_records(5, seed=7)])
+    extract = run_deployment(
+        EXTRACT,
+        timeout=0,
+        parameters={
+            "model_name": "served",
+            "registry_root": str(root / "registry"),
+            "data": texts,
+            "out": str(root / "extracted.jsonl"),
+            "labels": ["person", "city"],
+        },
+    )
+    state = _wait_final(extract.id)
+    assert state.is_completed(), (state, (root / "serve.log").read_text()[-4000:])
+    lines = [json.loads(line) for line in (root / "extracted.jsonl").read_text().splitlines()]
+    assert [line["line"] for line in lines] == [1, 2, 3, 4, 5] and all("entities" in x["extraction"] for x in lines)
 
 
 def _wait_final(flow_run_id: Any, timeout: float = 240) -> Any:

@@ -19,7 +19,7 @@ import pytest
 from prefect_gliner2.flows.cli import main
 from prefect_gliner2.flows.extract import extract_flow
 from prefect_gliner2.model_registry.store import ModelRegistry
-from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job, run_job
+from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job, run_chunk, run_job
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.model_sources import tiny_model_dir
 from prefect_gliner2.session_core.errors import ConfigError, RecordError
@@ -231,3 +231,24 @@ def test_bad_input_and_conflicting_reruns_are_refused(space: dict[str, Any], tmp
     out.with_name("taken.jsonl").write_text("")
     with pytest.raises(ConfigError, match="already exists"):
         prepare_job(space["base"], space["data"], str(tmp_path / "taken.jsonl"), _settings())
+
+
+def test_a_registry_input_and_output_on_object_storage(space: dict[str, Any], s3_bucket: str) -> None:
+    """Everything on S3 (a real S3 API server): the registry model, the input, the work directory, the output."""
+    import fsspec
+
+    registry = ModelRegistry(f"{s3_bucket}/registry", "ner")
+    registry.promote(registry.register(space["base"], {"run_key": "s3"}).version)
+    fs, _ = fsspec.core.url_to_fs(s3_bucket)
+    fs.put_file(space["data"], f"{s3_bucket}/in.jsonl")
+    _, expected = _reference(space, "s3-reference", space["base"])  # the same weights, from a local directory
+    out = f"{s3_bucket}/out/x.jsonl"
+    job = prepare_job(f"{s3_bucket}/registry/ner", f"{s3_bucket}/in.jsonl", out, _settings())
+    assert job.model.version == "v000001" and job.work == f"{s3_bucket}/out/.x.jsonl.extract"
+    for index in (0, 1):  # a run that stopped after two chunks
+        run_chunk(job, index)
+    assert not fs.exists(out)
+    summary = run_job(prepare_job(f"{s3_bucket}/registry/ner", f"{s3_bucket}/in.jsonl", out, _settings()))
+    assert (summary["reused"], summary["computed"]) == (2, 8)
+    assert fs.cat_file(out) == expected
+    assert [p.rsplit("/", 1)[-1] for p in fs.ls(job.work, detail=False)] == ["job.json"]
