@@ -129,14 +129,19 @@ class MlflowRun:
     # ---- the background thread ------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        client = None
+        """Run the jobs in order; after an error (the client has retried it already) the rest are dropped: a
+        resumed run of the run key logs again from where the server stands."""
+        client, broken = None, False
         while (job := self._jobs.get()) is not None:
+            if broken:
+                continue
             try:
                 client = client or _client()
                 if self.run_id is not None or job == self._open:
                     job(client)
             except Exception as exc:  # noqa: BLE001 - MLflow must never fail a training run
-                logger.warning("could not log run %s to MLflow: %s", self.run_key, exc)
+                broken = True
+                logger.warning("MLflow logging of run %s stopped after an error: %s", self.run_key, exc)
 
     def _open(self, client: Any) -> None:
         found = find_run(client, self.run_key, self.fingerprint)

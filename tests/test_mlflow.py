@@ -5,6 +5,7 @@ alias ``champion``. Without MLflow configured (or installed) nothing is logged a
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from support.flow import flow_child, make_space, run_flow, space_params, wait_for_marker
 from support.mlflow_server import MlflowServer, mlflow_server
 from support.processes import kill9
+from support.services import free_port
 
 RUN_KEY = "mlflow-crash"
 
@@ -55,6 +57,23 @@ def test_without_mlflow_configured_or_installed_nothing_is_logged(monkeypatch: p
     assert mlflow_sync.enabled()
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed: `import mlflow` raises ImportError
     assert not mlflow_sync.enabled()
+
+
+def test_an_unreachable_server_costs_one_warning_never_the_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with caplog.at_level(logging.WARNING, logger=mlflow_sync.__name__):
+        run = mlflow_sync.MlflowRun("unreachable", "f" * 64, {"seed": 1})
+        run.start([{"step": 1, "loss": 1.0}])
+        run.steps([{"step": 2, "loss": 0.5}])
+        run.validation({"step": 2, "eval_f1": 0.5})
+        run.finish(None, {})
+        assert run.close(120), "the mirror's thread must end once its jobs are dropped"
+    warnings = [r.getMessage() for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warnings) == 1 and "stopped after an error" in warnings[0], warnings
+    assert run.run_id is None
 
 
 def test_a_crashed_and_resumed_run_is_one_mlflow_run_with_each_step_once_and_promotions_mirrored(
