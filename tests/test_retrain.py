@@ -258,6 +258,17 @@ def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatc
         gains.append(difference["estimate"])
     assert max(gains) > 0.0, gains  # a point-estimate rule would have flipped CURRENT
 
+    # `prefect-gliner2 compare` on the registered versions makes the flow's decision, number for number
+    from prefect_gliner2.flows.cli import main
+
+    v2, out = registry.get("v000002"), tmp_path / "compare.json"
+    argv = ["compare", "--a", v1.uri, "--b", v2.uri, "--data", test, "--base", "tiny:span", "--json", str(out)]
+    assert main([*argv, "--seed", str(learns["seed"])]) == 0
+    by_hand, in_flow = json.loads(out.read_text())["decision"], v2.lineage["decision"]
+    for key in ("candidate", "current", "base", "difference", "labels"):
+        assert by_hand["test"][key] == in_flow["test"][key], key
+    assert by_hand["verdict"] == in_flow["verdict"] == "rejected"
+
 
 def test_a_comparison_set_too_small_to_resample_is_refused_before_training(tmp_path: Path) -> None:
     from prefect_gliner2.session_core.errors import ConfigError
