@@ -46,6 +46,7 @@ from prefect_gliner2.session_core.layout import BEST_WEIGHTS_FILE, MANAGED_STATE
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, LOSS_KEYS
 from prefect_gliner2.session_core.pairs import to_pairs
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+from prefect_gliner2.session_core.scoring import DatasetSchema, inference_schema
 from prefect_gliner2.session_core.session import TrainingSession
 from prefect_gliner2.session_core.state import read_tensors, write_tensors
 from prefect_gliner2.session_core.threshold_fit import fit_with_model
@@ -362,8 +363,16 @@ class ManagedTraining:
             label="best" if best else "final",
             step=step,
             thresholds=fitted.to_dict() if fitted is not None else None,
+            schema=self.trained_schema(),
             before_commit=before_commit,
         )
+
+    def trained_schema(self) -> dict[str, Any]:
+        """What the model was trained to extract: every entity label (with its description), relation type and
+        structure of the training records, as a gliner2 schema dict (export.json ``schema``; ``extract``'s default
+        labels). Classification tasks are per record and left out."""
+        outputs = [output for _, output in to_pairs(self.plan.records.examples())]
+        return inference_schema({}, DatasetSchema.of(outputs))
 
     def fit_thresholds(
         self, state: dict[str, torch.Tensor] | None = None, step: int | None = None

@@ -226,11 +226,13 @@ def export_weights(
     label: str = "final",
     step: int | None = None,
     thresholds: Mapping[str, Any] | None = None,
+    schema: Mapping[str, Any] | None = None,
     before_commit: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds, taken at
     `step`: export.json names the step the exported weights come from). `thresholds` (``Thresholds.to_dict()``)
-    are recorded in export.json under ``thresholds``.
+    are recorded in export.json under ``thresholds``, `schema` (what the model was trained to extract, a gliner2
+    schema dict) under ``schema``.
 
     `before_commit` runs when every file is written, just before the export is committed (renamed into place on
     local storage; export.json written last elsewhere); if it raises, nothing is committed."""
@@ -248,6 +250,8 @@ def export_weights(
     }
     if thresholds is not None:
         info[THRESHOLDS_KEY] = dict(thresholds)
+    if schema is not None:
+        info["schema"] = dict(schema)
     try:
         commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export", before_commit=before_commit)
     except FileExistsError:

@@ -37,6 +37,9 @@ def test_best_export_names_its_own_step_and_carries_thresholds_fitted_for_it(tmp
     assert all(torch.equal(before[k], v) for k, v in snapshot(run.session).items())  # fitting swapped weights back
     recorded = json.loads((tmp_path / "best" / "export.json").read_text())
     assert recorded["step"] == info["step"] == first  # today's bug recorded the final step here
+    # what the model was trained to extract travels with it (extract's default labels), in the data's own order
+    trained = [label for _, output in to_pairs(run.plan.records.examples()) for label in output.get("entities", {})]
+    assert recorded["schema"] == {"entities": list(dict.fromkeys(trained))} and len(recorded["schema"]["entities"]) > 1
     fitted = read_thresholds(str(tmp_path / "best"))
     assert fitted is not None and fitted.fitted and fitted.details["step"] == first
     assert fitted.details["records"] == 8 and fitted.details["f1"] >= fitted.details["f1_default"]
