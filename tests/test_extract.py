@@ -49,7 +49,9 @@ def space(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tiny_model_dir("span", 32, 1)
     export = root / "export"
     shutil.copytree(base, export)
-    (export / EXPORT_MARKER_FILE).write_text(json.dumps({"label": "best", "thresholds": FITTED, "schema": {"entities": LABELS}}))
+    (export / EXPORT_MARKER_FILE).write_text(
+        json.dumps({"label": "best", "thresholds": FITTED, "schema": {"entities": LABELS}})
+    )
     registry = ModelRegistry(str(root / "registry"), "ner")
     registry.promote(registry.register(base, {"run_key": "first"}).version)
     registry.register(str(export), {"run_key": "second"})
