@@ -128,7 +128,8 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert [v.version for v in registry.versions()] == ["v000001"]
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(4, seed=6))
-    rejected = _retrain(tmp_path, str(train), valid, promotion={"margin": 0.9})
+    guard = write_jsonl(tmp_path / "guard.jsonl", tiny_records(5, seed=8))
+    rejected = _retrain(tmp_path, str(train), valid, promotion={"margin": 0.9}, guard_data=guard)
     assert (rejected["status"], rejected["version"], rejected["current"]) == ("rejected", "v000002", "v000001")
     v2 = registry.get("v000002")
     assert v2.lineage["promoted"] is False and v2.lineage["init_weights"] == "v000001"
@@ -137,6 +138,9 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert v2.lineage["decision"]["test"]["current"] == v1.lineage["decision"]["test"]["candidate"]
     assert v2.lineage["metrics"]["current"]["per_label"] == v1.lineage["metrics"]["candidate"]["per_label"]
     assert "is not above the margin 0.9" in v2.lineage["reason"] == rejected["reason"]
+    assert v2.lineage["decision"]["guard"]["records"] == 5 and v2.lineage["decision"]["guard"]["base"] is not None
+    assert set(v2.lineage["guard_metrics"]) == {"candidate", "current", "base"}
+    assert v2.lineage["guard_records_sha256"] == data_fingerprint(guard, guard)["train_records_sha256"]
     assert _retrain_markdown().startswith(f"# Retraining {NAME}: candidate v000002 against current v000001")
     assert registry.current() is not None and registry.current().version == "v000001"  # type: ignore[union-attr]
     events = _model_events(emitted)
