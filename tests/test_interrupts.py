@@ -29,7 +29,7 @@ INTERRUPT_SECONDS = 5.0  # from the signal to the command's exit
 _CLI = (
     "import sys; from prefect_gliner2.runtime import faults; "
     "faults.install(faults.FaultPlan.from_json(sys.argv[1])); "
-    "from prefect_gliner2.flows.cli import main; sys.exit(main(sys.argv[2:]))"
+    "from prefect_gliner2.flows.cli import console_main; console_main(sys.argv[2:])"
 )
 _FIRST_SCREEN_NOISE = ("Traceback", "database is locked", "to instantiate a model of type", "Error logging to API")
 

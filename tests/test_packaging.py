@@ -71,7 +71,7 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     assert "prefect_gliner2/deployments/prefect.yaml" in names
     assert "prefect_gliner2/flows/cli/train.py" in names  # the console script's package, one module per command
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()
-    assert "prefect-gliner2 = prefect_gliner2.flows.cli:main" in entry_points
+    assert "prefect-gliner2 = prefect_gliner2.flows.cli:console_main" in entry_points
 
 
 def test_installed_wheel_imports_next_to_a_projects_own_flows_and_tasks(wheel: Path, tmp_path: Path) -> None:

@@ -26,19 +26,30 @@ which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from prefect_gliner2.flows.cli import compare, demo, evaluate, extract, init_model, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
-from prefect_gliner2.flows.cli.interrupts import exit_status, handling_signals, report_interrupt
+from prefect_gliner2.flows.cli.interrupts import exit_now, exit_status, handling_signals, report_interrupt
 from prefect_gliner2.flows.cli.server import LocalServerError
 from prefect_gliner2.session_core.errors import SessionCoreError
 
-__all__ = ["COMMANDS", "USAGE_ERROR", "main"]
+__all__ = ["COMMANDS", "INTERRUPTED", "USAGE_ERROR", "console_main", "main"]
 
 USAGE_ERROR = 2
+INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 COMMANDS = (train, plan, demo, evaluate, compare, extract, init_model)
+
+
+def console_main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The ``prefect-gliner2`` console script: ``main``, then exit with its status (at once after an interrupt)."""
+    status = main(argv)
+    if status in INTERRUPTED:
+        exit_now(status)
+    sys.exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """``python -m prefect_gliner2.flows.cli``: the console script."""
 
-from prefect_gliner2.flows.cli import main
+from prefect_gliner2.flows.cli import console_main
 
-raise SystemExit(main())
+console_main()
