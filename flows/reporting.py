@@ -209,18 +209,19 @@ class RunReporter:
         self.close(timeout, labels_timeout=timeout)
 
     def close(self, timeout: float = 30.0, *, labels_timeout: float = 0.0) -> None:
-        """Finish the queued UI updates (bounded); the MLflow mirror too (up to `MLFLOW_TIMEOUT` s after a finished
-        run: it uploads the model; a run that ends unfinished is marked FAILED there, and its resume reopens it)."""
-        tracking, self.tracking = self.tracking, None
-        if tracking is not None and not tracking.close(
-            MLFLOW_TIMEOUT if self._finished else timeout, failed=not self._finished
-        ):
-            logger.warning("the MLflow logging of run %s did not finish in time", self.run_key)
+        """Finish the queued UI updates (bounded), then the MLflow mirror's (up to `MLFLOW_TIMEOUT` s after a
+        finished run: it uploads the model; a run that ends unfinished is marked FAILED there, and its resume
+        reopens it)."""
         if self._ui is not None and not self._ui.close(timeout):
             logger.warning("the Prefect UI updates of run %s did not finish within %s s", self.run_key, timeout)
         if self._labels is not None and not self._labels.close(labels_timeout) and labels_timeout:
             logger.warning("the labels of run %s were not updated within %s s", self.run_key, labels_timeout)
         self._ui = self._labels = None
+        tracking, self.tracking = self.tracking, None
+        # an unfinished run (a failure, an interrupt) waits briefly: its resume logs what is missing
+        wait = MLFLOW_TIMEOUT if self._finished else min(timeout, 2.0)
+        if tracking is not None and not tracking.close(wait, failed=not self._finished):
+            logger.warning("the MLflow logging of run %s did not finish within %s s", self.run_key, wait)
 
     # ---- helpers -------------------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ SQLite backend store and a local artifact destination in a temporary directory, 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,8 @@ def mlflow_server(timeout: float = 300.0) -> Iterator[MlflowServer]:
                 str(root / "artifacts"),
             ],
             cwd=str(root),
+            # no job runner: MLflow 3 starts about ten huey consumer processes for its GenAI jobs otherwise
+            env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
