@@ -28,8 +28,10 @@
 
 Messages say what was wrong and what to do. ``prefect_gliner2.runtime.errors.is_transient`` is the retry rule: never
 a SessionCoreError (nor a write to a full or read-only storage), otherwise yes. Every class pickles with its fields:
-they cross the session worker's pipe and Prefect's result store. The command line's own ``UsageError``
-(``prefect_gliner2.flows.cli``) never leaves it and is not part of this tree.
+they cross the session worker's pipe and Prefect's result store. The command line's own errors
+(``prefect_gliner2.flows.cli``: ``UsageError``, ``LocalServerError`` when its local Prefect server does not start,
+``Terminated`` for a SIGTERM outside a flow run) are caught and printed by its ``main`` and are not part of this
+tree.
 """
 
 from __future__ import annotations
