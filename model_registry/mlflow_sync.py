@@ -36,6 +36,7 @@ VERSION_TAG = "prefect-gliner2.version"
 FLOW_RUN_TAG = "prefect-gliner2.flow-run-id"
 MODEL_PATH = "model"  # the exported model's artifact path in its run
 BATCH = 1000  # metrics per log_batch request (MLflow's limit)
+MIRROR_TIMEOUT = 120.0  # seconds a promotion waits for its MLflow mirror
 _warned: set[str] = set()
 
 
@@ -206,10 +207,24 @@ def mirror_promotion(registry: Any, version: Any) -> None:
     off; a warning when it fails or the training run was never logged to MLflow."""
     if not enabled():
         return
-    try:
-        _mirror(_client(), registry.name, version)
-    except Exception as exc:  # noqa: BLE001 - the registry's own promotion stands; MLflow is a mirror
-        logger.warning("could not mirror the promotion of %s %s to MLflow: %s", registry.name, version.version, exc)
+
+    def mirror() -> None:
+        try:
+            _mirror(_client(), registry.name, version)
+        except Exception as exc:  # noqa: BLE001 - the registry's own promotion stands; MLflow is a mirror
+            logger.warning("could not mirror the promotion of %s %s to MLflow: %s", registry.name, version.version, exc)
+
+    # bounded: an unreachable server (the client retries for minutes) never holds a promotion
+    thread = threading.Thread(target=mirror, name="gliner2-mlflow-promotion", daemon=True)
+    thread.start()
+    thread.join(MIRROR_TIMEOUT)
+    if thread.is_alive():
+        logger.warning(
+            "MLflow did not answer within %s s: %s %s is mirrored in the background if it answers later",
+            MIRROR_TIMEOUT,
+            registry.name,
+            version.version,
+        )
 
 
 def _mirror(client: Any, name: str, version: Any) -> None:
