@@ -160,7 +160,9 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         )
 
     write_jsonl(train, tiny_records(8, seed=5) + tiny_records(8, seed=7))
-    tolerant = {"margin": -0.9}  # not worse by more than 0.9 F1 (these tiny models extract nothing yet)
+    # a permissive rule (not worse by 0.9 F1, labels not judged): these tiny models extract next to nothing, and at
+    # their fitted thresholds a label the current model finds once may vanish
+    tolerant = {"margin": -0.9, "max_label_drop": 1.0, "min_vanish_support": 1_000_000}
     promoted = _retrain(tmp_path, str(train), valid, config=training_config(num_epochs=2), promotion=tolerant)
     assert (promoted["status"], promoted["version"], promoted["current"], promoted["previous"]) == (
         "promoted",
