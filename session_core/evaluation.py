@@ -1,9 +1,9 @@
 """Validation of a live session: gliner2's native eval losses and, from its own batched inference, extraction scores.
 
-One function for both places that validate: the managed driver's validation points and held-out evaluation of
-model directories (`tasks/heldout.py`), so a candidate's held-out score is computed exactly like its validation
-history. Both parts draw no RNG and leave modes and gradients untouched (see `TrainingSession.forward` and
-`TrainingSession.extract`), so validating never changes training.
+The managed driver's validation points and held-out scoring of models (`runtime/compare.py`: retraining's
+comparison and `prefect-gliner2 compare`) extract and score with the same functions here, so a candidate's
+held-out score is computed like its validation history. Both parts draw no RNG and leave modes and gradients
+untouched (see `TrainingSession.forward` and `TrainingSession.extract`), so validating never changes training.
 """
 
 from __future__ import annotations

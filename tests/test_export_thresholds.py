@@ -103,7 +103,7 @@ def test_evaluate_uses_the_recorded_thresholds_unless_one_is_passed(tmp_path, ca
 @pytest.mark.usefixtures("prefect_server")
 def test_a_training_run_exports_the_selected_step_with_fitted_thresholds(tmp_path):
     from prefect_gliner2.flows.cli.progress import describe as progress_text
-    from prefect_gliner2.runtime.heldout import evaluate_models_here
+    from prefect_gliner2.runtime.compare import score_exports_here
 
     from support.config import training_config
     from support.flow import make_space, run_flow
@@ -130,13 +130,11 @@ def test_a_training_run_exports_the_selected_step_with_fitted_thresholds(tmp_pat
     assert "validation records: micro F1" in describe(fitted)
     assert f"{describe(fitted)}" in progress_text(summary)  # what `prefect-gliner2 train` prints at the end
 
-    # held-out scoring (evaluate_models, retraining's comparison) uses them by default; an explicit value overrides
-    scored = evaluate_models_here({"m": summary["export"]}, space["span"], space["inputs"]["valid"], config)["m"]
-    assert scored["threshold_source"] == "fitted" and scored["eval_f1"] == fitted.details["f1"] > 0.0
-    explicit = evaluate_models_here(
-        {"m": summary["export"]}, space["span"], space["inputs"]["valid"], config, 1, None, 0.5
-    )
-    assert explicit["m"]["threshold_source"] == "explicit" and explicit["m"]["eval_f1"] == fitted.details["f1_default"]
+    # retraining's comparison (runtime/compare.py, also `prefect-gliner2 compare`) scores the export at them
+    scored = score_exports_here({"m": summary["export"]}, {"valid": space["inputs"]["valid"]}, seed=config["seed"])
+    assert scored["valid"]["m"]["thresholds_from"] == "recorded"
+    assert scored["valid"]["m"]["thresholds"] == fitted.to_dict()
+    assert scored["valid"]["m"]["eval_f1"] == fitted.details["f1"] > 0.0
 
 
 def _run_logs(flow_run_id: str, containing: str, timeout: float = 30.0) -> list[str]:
