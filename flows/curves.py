@@ -2,34 +2,24 @@
 as a markdown artifact of SVG charts (``gliner2-<run key>-curves``, flows/reporting.py updates it in place).
 
 The points are what the run records anyway: the worker's per-update metrics (``AdvanceResult.updates``) and its
-validation history. A resumed run starts from the history its checkpoint recorded (``managed.json``), so the
+validation history. A resumed run starts from the history its restored checkpoint recorded (the worker sends it), so the
 curves of a run that crashed and resumed are the whole run's, each step once (the replayed steps are the same,
 bit for bit, and replace their earlier points).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prefect_gliner2.flows.report_text import rounded
 from prefect_gliner2.flows.svg_chart import Series, data_uri, line_chart
-from prefect_gliner2.session_core.layout import MANAGED_STATE_FILE
 
-__all__ = ["Curves", "TrainPoint", "label_name", "restored_history"]
+__all__ = ["Curves", "TrainPoint", "label_name"]
 
 logger = logging.getLogger(__name__)
 TrainPoint = tuple[int, float | None, float | None]  # step, loss, learning rate
-
-
-def restored_history(checkpoint_uri: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The training and validation histories a managed checkpoint recorded (torch-free: its ``managed.json``)."""
-    from prefect_gliner2.session_core.checkpoint import open_checkpoint
-
-    state = json.loads(open_checkpoint(checkpoint_uri).require(MANAGED_STATE_FILE))
-    return list(state.get("train_metrics_history") or []), list(state.get("eval_metrics_history") or [])
 
 
 def label_name(row: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 from uuid import UUID
 
-from prefect_gliner2.flows.curves import Curves, curves_markdown, restored_history
+from prefect_gliner2.flows.curves import Curves, curves_markdown
 from prefect_gliner2.flows.prefect_ui import (
     ArtifactSlots,
     Job,
@@ -38,7 +38,7 @@ from prefect_gliner2.flows.report_text import (
 )
 from prefect_gliner2.model_registry import mlflow_sync
 from prefect_gliner2.runtime.events import validation_event
-from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, ValidateResult
+from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, SummaryResult, ValidateResult
 
 __all__ = ["RunReporter", "add_listener", "mlflow_tracking", "remove_listener"]
 
@@ -129,24 +129,20 @@ class RunReporter:
                 lambda client: client.update_flow_run_labels(UUID(resumes), {RESUMED_BY_LABEL: str(self.flow_run_id)})
             )
 
-    def start(self, cursor: int, step: int, checkpoint: str | None = None) -> None:
-        """The run starts at `cursor`; a resumed run names the `checkpoint` it restored (its recorded history starts
-        the curves and the validation list)."""
+    def start(self, cursor: int, step: int, restored: SummaryResult | None = None) -> None:
+        """The run starts at `cursor`; a resumed run passes the worker's summary of what it `restored` (with the
+        training history: it starts the curves; its validations the list)."""
         self.state.update(cursor=cursor, step=step, epoch=self._epoch(cursor))
-        history = self._restore(checkpoint) if checkpoint is not None else []
+        history = self._restore(restored) if restored is not None else []
         if self.tracking is not None:
             self.tracking.start(history, self.validations)
         self._emit("start", self._position())
         self._push(force=True)
         self._curves()
 
-    def _restore(self, checkpoint: str) -> list[dict[str, Any]]:
-        """The training history `checkpoint` recorded (it starts the curves; its validations the list)."""
-        try:
-            train, evaluations = restored_history(checkpoint)
-        except Exception as exc:  # noqa: BLE001 - reporting never fails a run: the curves then start here
-            logger.warning("could not read the recorded history of %s for the curves: %s", checkpoint, exc)
-            return []
+    def _restore(self, restored: SummaryResult) -> list[dict[str, Any]]:
+        """The training history the restored checkpoint recorded (it starts the curves; its validations the list)."""
+        train, evaluations = list(restored.train_metrics_history), list(restored.eval_metrics_history)
         self.curves.add(train)
         self.validations = self.validations or evaluations
         return train

@@ -39,7 +39,7 @@ from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.prepare import prepare_run
-from prefect_gliner2.runtime.protocol import Export
+from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult
 from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
 from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.tasks.export import export_model
@@ -147,8 +147,8 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
     reporter = RunReporter(run.run_key, plan, flow_run_id=live.flow_run_id, run_dir=run.run_dir.uri, tracking=tracking)
     try:
         reporter.introduce(resumes=run.previous)
-        restored = run.run_dir.checkpoint_uri(cursor.checkpoint) if cursor is not None else None
-        reporter.start(run.start, cursor.step if cursor else 0, checkpoint=restored)
+        restored = _restored_history(live) if cursor is not None else None
+        reporter.start(run.start, cursor.step if cursor else 0, restored=restored)
         emit_start(live, cursor, run.previous, run.export_uri)
         outcome = DriveResult()
         if cursor is None or not cursor.finished:
@@ -173,6 +173,17 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
         return summary, reporter.where()
     finally:
         reporter.close(timeout=5.0)
+
+
+def _restored_history(live: Any) -> SummaryResult | None:
+    """What the worker restored, with its training history (the curves start from it): the worker read the
+    checkpoint once, so the flow process never reads its payload. None when the worker cannot say (reporting never
+    fails a run: the curves then start here)."""
+    try:
+        return live.worker.call(Summary(train_history=True))
+    except Exception as exc:  # noqa: BLE001
+        get_run_logger().warning("could not read the restored training history for the curves: %s", exc)
+        return None
 
 
 def _announce_completed(run: OpenRun, summary: dict[str, Any], final: Any) -> None:

@@ -148,10 +148,12 @@ class SummaryResult:
     stopped_early: bool
     cursor: int
     plan_fingerprint: str
+    train_metrics_history: tuple[dict[str, Any], ...] = ()  # only when asked (Summary(train_history=True))
 
     @classmethod
-    def from_native(cls, result: dict[str, Any]) -> SummaryResult:
-        """From ``ManagedTraining.result()`` (its per-step training history is left out: it can be large)."""
+    def from_native(cls, result: dict[str, Any], *, train_history: bool = False) -> SummaryResult:
+        """From ``ManagedTraining.result()`` (its per-step training history only with `train_history`: it can be
+        large)."""
         return cls(
             total_steps=result["total_steps"],
             total_epochs=result["total_epochs"],
@@ -163,6 +165,7 @@ class SummaryResult:
             stopped_early=result["stopped_early"],
             cursor=result["cursor"],
             plan_fingerprint=result["plan_fingerprint"],
+            train_metrics_history=tuple(result["train_metrics_history"]) if train_history else (),
         )
 
 
@@ -264,8 +267,10 @@ class Export(Request[ExportResult]):
 
 @dataclass(frozen=True)
 class Summary(Request[SummaryResult]):
-    """The native summary (without the per-step training history)."""
+    """The native summary; the per-step training history only with `train_history` (a resumed run's curves start
+    from the history the worker restored, so the flow process never reads a checkpoint's payload)."""
 
+    train_history: bool = False
     op: ClassVar[str] = "summary"
 
 

@@ -254,8 +254,8 @@ class SessionRunner:
         return ExportResult.from_record(record, uri, label, self.summary(Summary()))
 
     def summary(self, request: Summary) -> SummaryResult:
-        """The native summary without the per-step training history (validation history is small: kept)."""
-        return SummaryResult.from_native(self.run.result())
+        """The native summary; the per-step training history only when asked (validation history is small: kept)."""
+        return SummaryResult.from_native(self.run.result(), train_history=request.train_history)
 
     def _point(self, point: str, index: int) -> Callable[[], None]:
         return lambda: self.faults.hit(point, index)

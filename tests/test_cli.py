@@ -180,7 +180,7 @@ def test_demo_trains_the_tiny_model_offline(
     model_line = f"model (best weights of step {exported['step']}): {tmp_path / 'demo' / 'model'}"
     assert model_line in out and "Prefect flow run:" in out
     # the thresholds fitted on the 4 validation records: in the run summary and used for the held-out scores
-    assert out.count("fitted on 4 validation records: micro F1") == 2
+    assert out.count(f"fitted on {DEMO_SIZES['valid']} validation records: micro F1") == 2  # export line + scoring
     assert "best eval_f1:" in out
     assert f"held-out F1 on {DEMO_SIZES['test']} unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
     assert "  before training: F1 " in out and "  after training:  F1 " in out

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from prefect_gliner2.flows.curves import restored_history
 from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.flows.svg_chart import Series, line_chart, nice_ticks, thin
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
 from support.flow import flow_child, make_space, run_flow, space_params, wait_for_marker
+from support.history import recorded_history
 from support.processes import kill9
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -115,7 +115,7 @@ def test_the_curves_follow_a_run_through_a_crash_and_resume(space: dict[str, Any
     assert final.id == running.id, "the resumed run continues the crashed run's curves artifact"
     run_dir = Path(summary["run_dir"])
     newest = sorted((run_dir / "checkpoints").iterdir())[-1]
-    train, evaluations = restored_history(str(newest))  # the whole run's recorded history (resume is exact)
+    train, evaluations = recorded_history(newest)  # the whole run's recorded history (resume is exact)
     images = charts(final.data)
     loss = drawn_points(images["loss"])
     assert [round(x) for x, _ in loss["training loss"]] == [e["step"] for e in train] == [1, 2, 3, 4, 5, 6]

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from prefect_gliner2.flows.curves import restored_history
 from prefect_gliner2.model_registry import ModelRegistry, mlflow_sync
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
 from support.flow import flow_child, make_space, run_flow, space_params, wait_for_marker
+from support.history import recorded_history
 from support.mlflow_server import MlflowServer, mlflow_server
 from support.processes import kill9
 from support.services import free_port
@@ -117,7 +117,7 @@ def test_a_crashed_and_resumed_run_is_one_mlflow_run_with_each_step_once_and_pro
     assert run.data.params["run_key"] == RUN_KEY and run.data.params["seed"] == "11"
     assert run.data.params["plan_fingerprint"] == summary["fingerprint"]
     newest = sorted((Path(summary["run_dir"]) / "checkpoints").iterdir())[-1]
-    train, evaluations = restored_history(str(newest))
+    train, evaluations = recorded_history(str(newest))
     for key in ("loss", "learning_rate", "grad_norm"):
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == [e["step"] for e in train] == [1, 2, 3, 4, 5, 6], key  # each once
