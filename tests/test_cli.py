@@ -157,7 +157,9 @@ def test_train_through_the_embedded_server_resumes_after_a_crash(files: dict[str
     assert resumed.returncode == 0, out + err[-4000:]
     step = json.loads((tmp_path / "model" / "export.json").read_text())["step"]
     assert f"model (best weights of step {step}): {tmp_path / 'model'}" in out
-    assert "resuming run cli-crash from checkpoint step-000004-batch-000007" in err
+    # the newest checkpoint the killed run committed to its cursor: step 4 (batch 7) unless its commit was still
+    # pending behind the pipelined work when the kill came (then step 2); either way the result is exact (below)
+    assert re.search(r"resuming run cli-crash from checkpoint step-00000[24]-batch-00000[37]", err), err[-3000:]
     assert "batch 12/12 · step 6/6 · epoch 2/2" in err  # the progress bar (stderr)
     reference = reference_export("tiny:span", files, training_config(), tmp_path / "direct")
     assert_same_export(str(tmp_path / "model"), reference)
@@ -179,7 +181,7 @@ def test_demo_trains_the_tiny_model_offline(
     exported = json.loads((tmp_path / "demo" / "model" / "export.json").read_text())
     model_line = f"model (best weights of step {exported['step']}): {tmp_path / 'demo' / 'model'}"
     assert model_line in out and "Prefect flow run:" in out
-    # the thresholds fitted on the 4 validation records: in the run summary and used for the held-out scores
+    # the thresholds fitted on the validation records: in the run summary and used for the held-out scores
     assert out.count(f"fitted on {DEMO_SIZES['valid']} validation records: micro F1") == 2  # export line + scoring
     assert "best eval_f1:" in out
     assert f"held-out F1 on {DEMO_SIZES['test']} unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
