@@ -38,7 +38,7 @@ from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core.errors import LeaseUnreadableError, RunLockedError
 from prefect_gliner2.session_core.layout import LEASE_CLAIMS_DIR as CLAIMS_DIR
 from prefect_gliner2.session_core.layout import LEASE_FILE
-from prefect_gliner2.session_core.storage import process_alive, process_start
+from prefect_gliner2.session_core.tempcopies import process_alive, process_start
 
 __all__ = ["DEFAULT_LEASE_TTL", "DEFAULT_LEASE_WAIT", "RunLease"]
 

@@ -41,14 +41,8 @@ from prefect_gliner2.session_core.layout import (
     WEIGHTS_FILE,
 )
 from prefect_gliner2.session_core.state import base_weights, canonical_name, read_tensors, tensors_digest
-from prefect_gliner2.session_core.storage import (
-    TEMP_PREFIX,
-    clean_stale_temp,
-    directory_commit,
-    interrupted_commit,
-    is_local,
-    resolve,
-)
+from prefect_gliner2.session_core.storage import directory_commit, interrupted_commit, is_local, resolve
+from prefect_gliner2.session_core.tempcopies import TEMP_PREFIX, clean_stale_temp
 from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
 
 if TYPE_CHECKING:
