@@ -23,17 +23,16 @@ Background checkpoints split `save_state` in two: `prepare_checkpoint` snapshots
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from prefect_gliner2.session_core import managed_export
 from prefect_gliner2.session_core.checkpoint import FileRef, Payload, open_checkpoint, store_blob, write_checkpoint
 from prefect_gliner2.session_core.errors import (
     EARLY_STOPPING_NEEDS_VALIDATION,
@@ -44,14 +43,10 @@ from prefect_gliner2.session_core.errors import (
 from prefect_gliner2.session_core.evaluation import evaluate_session
 from prefect_gliner2.session_core.layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, LOSS_KEYS
-from prefect_gliner2.session_core.pairs import to_pairs
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
-from prefect_gliner2.session_core.scoring import DatasetSchema, inference_schema
 from prefect_gliner2.session_core.session import TrainingSession
 from prefect_gliner2.session_core.state import read_tensors, write_tensors
-from prefect_gliner2.session_core.threshold_fit import fit_with_model
 from prefect_gliner2.session_core.thresholds import Thresholds
-from prefect_gliner2.session_core.weights import export_weights, state_loaded
 
 MANAGED_KIND = "managed"
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -84,8 +79,8 @@ class ManagedTraining:
         self.session = session
         self.plan = plan
         self.config = session.config
-        self._eval_batches = _eval_batches(eval_examples, self.config.eval_batch_size)
-        self._eval_hash = _records_hash(self._eval_batches)
+        self._eval_batches = managed_export.eval_batches(eval_examples, self.config.eval_batch_size)
+        self._eval_hash = managed_export.records_hash(self._eval_batches)
         self._check_selection()
         self.cursor = 0
         self.validation_due = False
@@ -346,50 +341,19 @@ class ManagedTraining:
         merged: bool = False,
         before_commit: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """Export the best model (default, when validation selected one) or the final model; export.json names the
-        step its weights come from and, with validation extraction, the thresholds fitted for them (`fit_thresholds`).
-
-        `before_commit` runs when the export's files are written, just before they are committed."""
-        if which not in ("best", "final"):
-            raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
-        best = which == "best" and self.best_state is not None
-        state, step = (self.best_state, self.best_step) if best else (None, self.session.step)
-        fitted = self.fit_thresholds(state, step)
-        return export_weights(
-            self.session,
-            uri,
-            merged=merged,
-            state=state,
-            label="best" if best else "final",
-            step=step,
-            thresholds=fitted.to_dict() if fitted is not None else None,
-            schema=self.trained_schema(),
-            before_commit=before_commit,
-        )
+        """Export the best model (default, when validation selected one) or the final model, with its fitted
+        thresholds and trained schema: ``managed_export.export_managed``."""
+        return managed_export.export_managed(self, uri, which=which, merged=merged, before_commit=before_commit)
 
     def trained_schema(self) -> dict[str, Any]:
-        """What the model was trained to extract: every entity label (with its description), relation type and
-        structure of the training records, as a gliner2 schema dict (export.json ``schema``; ``extract``'s default
-        labels). Classification tasks are per record and left out."""
-        outputs = [output for _, output in to_pairs(self.plan.records.examples())]
-        return inference_schema({}, DatasetSchema.of(outputs))
+        """What the model was trained to extract, as a gliner2 schema dict: ``managed_export.trained_schema``."""
+        return managed_export.trained_schema(self.plan)
 
     def fit_thresholds(
         self, state: dict[str, torch.Tensor] | None = None, step: int | None = None
     ) -> Thresholds | None:
-        """Extraction thresholds fitted on the validation records for `state` (the live weights when None), see
-        :mod:`.threshold_fit`; None without validation records or with ``eval_extraction`` off."""
-        if not self._eval_batches or not self.config.eval_extraction:
-            return None
-        pairs = [pair for batch in self._eval_batches for pair in batch]
-        size = max(len(batch) for batch in self._eval_batches)
-
-        def extract(texts: list[str], schemas: list[dict[str, Any]], threshold: float) -> list[dict[str, Any]]:
-            return self.session.extract(texts, schemas, threshold=threshold, batch_size=size, include_confidence=True)
-
-        with state_loaded(self.session, state):
-            fitted = fit_with_model(pairs, extract, seed=int(self.config.seed))
-        return dataclasses.replace(fitted, details={**fitted.details, "step": step})
+        """Thresholds fitted on the validation records for `state`: ``managed_export.fit_thresholds``."""
+        return managed_export.fit_thresholds(self.session, self._eval_batches, state, step)
 
     def close(self) -> None:
         self.best_state = None
@@ -410,20 +374,3 @@ class ManagedTraining:
             )
         if self.config.early_stopping and not self._eval_batches:
             raise ConfigError(EARLY_STOPPING_NEEDS_VALIDATION)
-
-
-def _eval_batches(examples: Any, batch_size: int) -> list[list[tuple[str, dict[str, Any]]]]:
-    if examples is None:
-        return []
-    records = getattr(examples, "records", examples)
-    pairs = to_pairs(list(records)) if len(records) else []
-    return [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
-
-
-def _records_hash(batches: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> str:
-    digest = hashlib.sha256()
-    for batch in batches:
-        for text, output in batch:
-            digest.update(json.dumps([text, output], ensure_ascii=False).encode())  # key order is data: kept
-            digest.update(b"\n")
-    return digest.hexdigest()
