@@ -106,11 +106,21 @@ def test_an_unreadable_lease_is_an_error_never_free(s3_bucket: str) -> None:
 
 
 RACER = """
-import json, sys, time
+import json, pathlib, sys, time
 from prefect_gliner2.session_core.errors import RunLockedError
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.rundir import RunDirectory
-storage, start, trials, name = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+storage, sync, trials, name = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def wait_for(*names):
+    deadline = time.monotonic() + 100
+    while not all((sync / n).exists() for n in names):
+        assert time.monotonic() < deadline, f"{name}: {names} did not appear"
+        time.sleep(0.02)
+
+(sync / f"ready-{name}").touch()
+wait_for("start")  # written by the test once both interpreters are up: a start time just ahead
+start = float((sync / "start").read_text())
 held = []
 for trial in range(trials):
     time.sleep(max(0.0, start + trial * 0.8 - time.time()))
@@ -123,7 +133,8 @@ for trial in range(trials):
     print(json.dumps([trial, "held"]), flush=True)
     held.append(lease)
 # every lease won is held until both racers are done: a late racer meets a live holder, never a released key
-time.sleep(max(0.0, start + trials * 0.8 + 15 - time.time()))
+(sync / f"done-{name}").touch()
+wait_for("done-a", "done-b")
 for lease in held:
     lease.release()
 """
@@ -131,14 +142,14 @@ for lease in held:
 
 def test_two_runs_racing_for_one_key_never_both_hold_it(s3_bucket: str, tmp_path: Path) -> None:
     trials = 12
-    script = tmp_path / "racer.py"
+    script, sync = tmp_path / "racer.py", tmp_path / "sync"
     script.write_text(RACER)
+    sync.mkdir()
     for trial in range(trials):
         _run_dir(s3_bucket, f"race-{trial}")
-    start = time.time() + 8  # both interpreters are up by then
     racers = [
         subprocess.Popen(
-            [sys.executable, str(script), f"{s3_bucket}/runs", str(start), str(trials), name],
+            [sys.executable, str(script), f"{s3_bucket}/runs", str(sync), str(trials), name],
             cwd=str(ROOT),
             stdout=subprocess.PIPE,
             text=True,
@@ -146,6 +157,12 @@ def test_two_runs_racing_for_one_key_never_both_hold_it(s3_bucket: str, tmp_path
         )
         for name in ("a", "b")
     ]
+    deadline = time.monotonic() + 180
+    while not all((sync / f"ready-{name}").exists() for name in ("a", "b")):  # both interpreters are up
+        assert all(racer.poll() is None for racer in racers) and time.monotonic() < deadline, "a racer did not start"
+        time.sleep(0.02)
+    (sync / "start.tmp").write_text(str(time.time() + 0.5))
+    (sync / "start.tmp").rename(sync / "start")
     outcomes: dict[int, list[str]] = {trial: [] for trial in range(trials)}
     for racer in racers:
         out, _ = racer.communicate(timeout=120)

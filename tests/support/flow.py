@@ -4,6 +4,7 @@ subprocess flows, installed fault plans and waiting for their markers."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -100,8 +101,11 @@ def tiny_model_dir(root: Path, architecture: str) -> str:
 def reference_export(
     model: str, inputs: dict[str, str], cfg: dict[str, Any], out: Path, *, with_valid: bool = True
 ) -> str:
-    """Export of a direct, uninterrupted in-process ManagedTraining run of the same plan (cached per input)."""
-    key = (model, inputs["train"], inputs["valid"] if with_valid else None, json.dumps(cfg, sort_keys=True))
+    """Export of a direct, uninterrupted in-process ManagedTraining run of the same plan, cached for the pytest
+    process by the content of the model and data (modules whose tiny models and records are byte for byte the same
+    share one reference run)."""
+    valid = _content(inputs["valid"]) if with_valid else None
+    key = (_content(model), _content(inputs["train"]), valid, json.dumps(cfg, sort_keys=True))
     if key in _REFERENCES:
         return _REFERENCES[key]
     import torch
@@ -127,6 +131,18 @@ def reference_export(
         run.close()
     _REFERENCES[key] = str(out)
     return str(out)
+
+
+def _content(source: str) -> str:
+    """A file's or directory's content digest (names and bytes); any other model source (``tiny:span``) as given."""
+    path = Path(source)
+    if not path.exists():
+        return source
+    digest = hashlib.sha256()
+    for item in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+        digest.update(f"{item.relative_to(path) if item != path else ''}\0".encode())
+        digest.update(item.read_bytes())
+    return digest.hexdigest()
 
 
 def export_tensors(directory: str) -> dict[str, Any]:
