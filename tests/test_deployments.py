@@ -203,7 +203,8 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
         "--parameters",
         str(tmp_path / "overrides.json"),
     ]
-    env = _env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs"))
+    # the runner looks for scheduled runs every second (its default, 10 s, is idle time in every test)
+    env = _env(prefect_server, PREFECT_GLINER2_STORAGE=str(tmp_path / "runs"), PREFECT_RUNNER_POLL_FREQUENCY="1")
     with serving(command, env, tmp_path / "serve.log"):
         yield {"inputs": inputs, "root": tmp_path}
 
@@ -259,4 +260,4 @@ def _wait_final(flow_run_id: Any, timeout: float = 240) -> Any:
             state = client.read_flow_run(flow_run_id).state
             if (state is not None and state.is_final()) or time.monotonic() > deadline:
                 return state
-            time.sleep(1)
+            time.sleep(0.25)
