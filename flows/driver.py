@@ -17,6 +17,7 @@ always before the next checkpoint unit, before an early-stop checkpoint and befo
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,11 +106,7 @@ def drive(
     checkpoints = _Checkpoints(run, reporter, outcome)
     exhausted = False
     while True:
-        while not exhausted and len(pending) < pipeline_depth + 1:
-            upcoming = next(source, None)
-            exhausted = upcoming is None
-            if upcoming is not None:
-                pending.append(upcoming)
+        exhausted = exhausted or _refill(source, pending, pipeline_depth + 1)
         if not pending:
             checkpoints.commit()
             return outcome
@@ -140,6 +137,16 @@ def drive(
                 return outcome
         if not isinstance(result, CheckpointResult):
             checkpoints.commit_if_durable()
+
+
+def _refill(source: Iterator[Unit], pending: deque[Unit], size: int) -> bool:
+    """Top `pending` up to `size` units from `source`; True once `source` is exhausted."""
+    while len(pending) < size:
+        upcoming = next(source, None)
+        if upcoming is None:
+            return True
+        pending.append(upcoming)
+    return False
 
 
 def _observe(grain: TaskGrain, result: AdvanceResult) -> None:

@@ -19,8 +19,8 @@ child process; the promotion rule (``promotion``, session_core/promotion.py) dec
 better beyond noise, no well-supported label lost, no regression on the guard set (the first candidate is always
 promoted). The candidate is registered with its lineage and the decision either way; CURRENT moves only when it is
 promoted. The decision (both F1s with intervals, the difference's interval, the label table with verdicts, the guard
-set, the rule) goes into the lineage, a markdown artifact and the ``model.promoted`` / ``model.rejected`` event.
-Importing this module does not import torch.
+set, the rule) goes into the lineage, a markdown artifact and the ``model.promoted`` / ``model.rejected`` event
+(``flows.retrain_report``). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -30,21 +30,19 @@ import json
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed, State
 
 from prefect_gliner2.flows.context import flow_run_id
-from prefect_gliner2.flows.events import emit_model_event
 from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings, TrainingSettings
 from prefect_gliner2.flows.promotion_settings import DEFAULT_PROMOTION, PromotionSettings
 from prefect_gliner2.flows.report_text import artifact_key
+from prefect_gliner2.flows.retrain_report import emit_decision, label_run, report_decision
 from prefect_gliner2.flows.train import DEFAULT_CHECKPOINTING, DEFAULT_EXECUTION, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT, decide_from_scores, metrics_only
-from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
 from prefect_gliner2.runtime.prepare import default_storage
 from prefect_gliner2.session_core.errors import ConfigError
-from prefect_gliner2.session_core.metrics import EVAL_KEYS
 from prefect_gliner2.session_core.promotion import PromotionDecision
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.tasks.promotion import score_for_promotion
@@ -114,15 +112,36 @@ def retrain_flow(
     """
     rule = promotion.to_rule()
     registry = ModelRegistry(registry_root, model_name)
-    _label_run({"prefect-gliner2.model": model_name})
+    label_run({"prefect-gliner2.model": model_name})
     data = data_fingerprint(train_data, valid_data)
-    fingerprint = data["data_fingerprint"]
     training = config.to_training_config()
     inputs = inputs_fingerprint(data, training, base_model)
     current, latest = registry.current(), registry.latest()
     if latest is not None and latest.lineage.get("inputs_fingerprint") == inputs:
-        return _unchanged(registry, latest, current, fingerprint)
+        return _unchanged(registry, latest, current, data["data_fingerprint"])
     run_key = retrain_run_key(model_name, inputs, current)
+    _announce(model_name, data["data_fingerprint"], latest, current, run_key, base_model)
+    comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
+    summary = _train_candidate(
+        run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution
+    )
+    scores = _score(str(summary["export"]), current, base_model, comparison, training, execution)
+    guard = GUARD if guard_data is not None else None
+    decision = decide_from_scores(scores, rule, test=comparison["source"], guard=guard)
+    trained = _training_lineage(scores, current, summary, run_key, comparison)
+    lineage = _lineage(data, inputs, model_name, base_model, trained, training, decision, comparison)
+    return _register(registry, str(summary["export"]), lineage, current)
+
+
+def _announce(
+    model_name: str,
+    fingerprint: str,
+    latest: ModelVersion | None,
+    current: ModelVersion | None,
+    run_key: str,
+    base_model: str,
+) -> None:
+    """Log what changed since the newest version (the dataset or the settings) and where the candidate starts."""
     changed = "dataset" if latest is None or latest.lineage.get("data_fingerprint") != fingerprint else "settings"
     get_run_logger().info(
         "new %s for %s (dataset %s): training candidate run %s from %s",
@@ -132,8 +151,21 @@ def retrain_flow(
         run_key,
         current.version if current is not None else base_model,
     )
-    comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
-    summary = train_flow(
+
+
+def _train_candidate(
+    run_key: str,
+    base_model: str,
+    current: ModelVersion | None,
+    train_data: str | list[str],
+    valid_data: str | list[str],
+    config: TrainingSettings,
+    storage: str | None,
+    checkpointing: CheckpointSettings,
+    execution: ExecutionSettings,
+) -> dict[str, Any]:
+    """The candidate's training run: ``train_flow`` as a subflow, from the current version's weights if any."""
+    return train_flow(
         model=base_model,
         train_data=train_data,
         valid_data=valid_data,
@@ -144,8 +176,20 @@ def retrain_flow(
         checkpointing=checkpointing,
         execution=execution,
     )
-    models = {CANDIDATE: str(summary["export"]), CURRENT: current.uri if current is not None else None, BASE: None}
-    scores = score_for_promotion(
+
+
+def _score(
+    export: str,
+    current: ModelVersion | None,
+    base_model: str,
+    comparison: dict[str, Any],
+    training: Any,
+    execution: ExecutionSettings,
+) -> dict[str, dict[str, Any]]:
+    """The candidate, the current version (when there is one) and the base model scored record by record on the
+    comparison sets, in a child process."""
+    models = {CANDIDATE: export, CURRENT: current.uri if current is not None else None, BASE: None}
+    return score_for_promotion(
         {role: uri for role, uri in models.items() if role != CURRENT or uri is not None},
         base_model,
         comparison["data"],
@@ -153,20 +197,30 @@ def retrain_flow(
         cpu_threads=execution.cpu_threads or 1,
         device=execution.device,
     )
-    test, guard = comparison["source"], GUARD if guard_data is not None else None
-    decision = decide_from_scores(scores, rule, test=test, guard=guard)
-    lineage = {
+
+
+def _lineage(
+    data: dict[str, Any],
+    inputs: str,
+    model_name: str,
+    base_model: str,
+    trained: dict[str, Any],
+    training: Any,
+    decision: PromotionDecision,
+    comparison: dict[str, Any],
+) -> dict[str, Any]:
+    """The candidate's lineage: its inputs, where it came from and how it scored (`trained`), and the decision."""
+    return {
         **data,
         "inputs_fingerprint": inputs,
         "model_name": model_name,
         "base_model": base_model,
-        **_training_lineage(scores, current, summary, run_key, comparison),
+        **trained,
         "config": training.to_dict(),
         "promoted": decision.promote,
         "reason": _reason(decision.reasons, comparison),
         "decision": decision.to_dict(),
     }
-    return _register(registry, str(summary["export"]), lineage, current)
 
 
 def _training_lineage(
@@ -208,10 +262,10 @@ def _register(registry: ModelRegistry, export: str, lineage: dict[str, Any], cur
     announce and report the decision."""
     version = registry.register(export, lineage)
     model_name, promote, reason = registry.name, bool(lineage["promoted"]), str(lineage["reason"])
-    _label_run({"prefect-gliner2.model": model_name, "prefect-gliner2.version": version.version})
+    label_run({"prefect-gliner2.model": model_name, "prefect-gliner2.version": version.version})
     if promote:
         registry.promote(version.version)
-    _emit_decision(registry, version, current, lineage)
+    emit_decision(registry, version, current, lineage)
     now_current = version if promote else current
     outcome = {
         "status": "promoted" if promote else "rejected",
@@ -226,7 +280,7 @@ def _register(registry: ModelRegistry, export: str, lineage: dict[str, Any], cur
         "metrics": lineage["metrics"],
         "decision": lineage["decision"],
     }
-    _report(outcome)
+    report_decision(outcome)
     get_run_logger().info("%s %s: %s", model_name, version.version, reason)
     message = (
         f"promoted {model_name} {version.version}"
@@ -240,10 +294,10 @@ def _unchanged(registry: ModelRegistry, latest: ModelVersion, current: ModelVers
     """Nothing to train; finish a promotion an interrupted run decided but did not apply."""
     logger = get_run_logger()
     status = "unchanged"
-    _label_run({"prefect-gliner2.model": registry.name, "prefect-gliner2.version": latest.version})
+    label_run({"prefect-gliner2.model": registry.name, "prefect-gliner2.version": latest.version})
     if latest.lineage.get("promoted") and (current is None or current.number < latest.number):
         registry.promote(latest.version)
-        _emit_decision(registry, latest, current, latest.lineage)
+        emit_decision(registry, latest, current, latest.lineage)
         current, status = latest, "promoted"
         logger.info("completed the interrupted promotion of %s %s", registry.name, latest.version)
     message = (
@@ -295,74 +349,3 @@ def _enough(records: Any, name: str) -> Any:
             "(a few hundred for a tight interval): pass more held-out records"
         )
     return records
-
-
-def _emit_decision(
-    registry: ModelRegistry, version: ModelVersion, previous: ModelVersion | None, lineage: dict[str, Any]
-) -> None:
-    """model.promoted or model.rejected, with absolute URIs of the version, the previous one and the registry, and
-    the decision's numbers (both F1s with intervals, the difference's interval, the label table, guard set, rule)."""
-    emit_model_event(
-        MODEL_PROMOTED if lineage.get("promoted") else MODEL_REJECTED,
-        registry.name,
-        version.version,
-        {
-            "uri": version.uri,
-            "registry": registry.root,
-            "previous": previous.version if previous is not None else None,
-            "previous_uri": previous.uri if previous is not None else None,
-            "reason": lineage.get("reason"),
-            "data_fingerprint": lineage.get("data_fingerprint"),
-            "metrics": lineage.get("metrics"),
-            "decision": lineage.get("decision"),
-            "run_key": lineage.get("run_key"),
-            "flow_run_id": flow_run_id(),
-        },
-    )
-
-
-def _label_run(labels: dict[str, Any]) -> None:
-    """Labels on this flow run (model and version), so runs can be found per model in the UI."""
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-
-    current = flow_run_id()
-    if current is None:
-        return
-    with get_client(sync_client=True) as client:
-        client.update_flow_run_labels(UUID(current), labels)
-
-
-def _report(outcome: dict[str, Any]) -> None:
-    """A table artifact of both models' metrics, and the decision as markdown (verdict, reasons, F1s with intervals,
-    the label table with verdicts, the guard set, the rule)."""
-    name, metrics = outcome["model_name"], outcome["metrics"]
-    candidate, current = metrics[CANDIDATE], metrics.get(CURRENT, {})
-    rows = [
-        {
-            "metric": key,
-            "candidate": candidate.get(key),
-            "current": current.get(key),
-            "base": metrics.get(BASE, {}).get(key),
-            "difference": (candidate[key] - current[key]) if key in current else None,
-        }
-        for key in EVAL_KEYS
-        if key in candidate
-    ]
-    create_table_artifact(
-        key=artifact_key(f"model-{name}", "comparison"),
-        table=rows,
-        description=f"{name}: candidate {outcome['version']} vs current {outcome['previous']}",
-    )
-    decision = PromotionDecision.from_dict(outcome["decision"])
-    create_markdown_artifact(
-        key=artifact_key(f"model-{name}", "retrain"),
-        markdown=(
-            f"# Retraining {name}: candidate {outcome['version']} against current {outcome['previous']}\n\n"
-            f"{decision.to_markdown()}\n"
-            f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
-            f"`{outcome['data_fingerprint'][:16]}`.\n"
-        ),
-        description=f"{name} retraining decision",
-    )

@@ -24,7 +24,7 @@ The child is spawned from one long-lived thread of this process, so Linux's pare
 the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe. The
 child runs in its own session: a Ctrl-C or a SIGTERM to the terminal's process group reaches only this process,
 which records the run as interrupted and closes the worker (it is spawned with both signals blocked, so none reaches
-it before it has left the group).
+it before it has left the group). The spawning itself is ``prefect_gliner2.runtime.spawn``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn
 import os
-import queue
 import secrets
 import signal
 import threading
@@ -53,6 +52,7 @@ from prefect_gliner2.runtime.protocol import (
     WorkerSpec,
     decode_error,
 )
+from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.errors import WorkerDied
 
@@ -61,7 +61,6 @@ R = TypeVar("R")
 __all__ = ["SessionWorker", "Ticket", "WorkerSpec"]
 
 logger = logging.getLogger(__name__)
-_CONTEXT = multiprocessing.get_context("spawn")
 
 
 class Ticket:
@@ -163,11 +162,11 @@ class SessionWorker:
         restore = self._locator()
         label = restore.rstrip("/").rsplit("/", 1)[-1] if restore else "fresh"
         incarnation = f"{label}@{secrets.token_hex(6)}"
-        parent_conn, child_conn = _CONTEXT.Pipe(duplex=True)
+        parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
         from prefect_gliner2.runtime.worker_child import worker_main
 
-        process = _CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
-        _spawner().start(process)
+        process = CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
+        start_child(process)
         child_conn.close()
         link = _Link(process, parent_conn, incarnation, restore)
         link.calls[0] = link.init
@@ -194,11 +193,9 @@ class SessionWorker:
             except (OSError, ValueError):
                 pass
         if wait:
-            _reap(link.process, timeout)
+            reap(link.process, timeout)
         else:
-            threading.Thread(
-                target=_reap, args=(link.process, timeout), name=f"{self.name}-reaper", daemon=True
-            ).start()
+            threading.Thread(target=reap, args=(link.process, timeout), name=f"{self.name}-reaper", daemon=True).start()
 
     def kill(self) -> None:
         """SIGKILL the child (tests and emergencies); outstanding calls raise WorkerDied."""
@@ -335,72 +332,3 @@ class SessionWorker:
             link.conn.close()
         except OSError:
             pass
-
-
-def _reap(process: Any, timeout: float) -> None:
-    process.join(timeout)
-    if process.is_alive():
-        process.kill()
-        process.join(5)
-
-
-# ---- spawning from one long-lived thread --------------------------------------------------------------------
-
-
-class _Spawner:
-    """Starts child processes from a single daemon thread that lives as long as the process.
-
-    PR_SET_PDEATHSIG is tied to the thread that forked the child: starting workers from Prefect's short-lived
-    task-runner threads would kill them when such a thread exits. This thread only exits with the process.
-    """
-
-    def __init__(self) -> None:
-        self._requests: queue.Queue[tuple[Any, queue.Queue[BaseException | None]]] = queue.Queue()
-        threading.Thread(target=self._serve, name="gliner2-worker-spawner", daemon=True).start()
-
-    def start(self, process: Any) -> None:
-        reply: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
-        self._requests.put((process, reply))
-        error = reply.get()
-        if error is not None:
-            raise error
-
-    def _serve(self) -> None:
-        # children start with the terminal's signals blocked; worker_main leaves the process group, then unblocks
-        signal.pthread_sigmask(signal.SIG_BLOCK, _GROUP_SIGNALS)
-        while True:
-            process, reply = self._requests.get()
-            _LOCAL.skip_main = True
-            try:
-                process.start()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                reply.put(exc)
-            else:
-                reply.put(None)
-            finally:
-                _LOCAL.skip_main = False
-
-
-_GROUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_LOCAL = threading.local()
-_SPAWNER: _Spawner | None = None
-_SPAWNER_LOCK = threading.Lock()
-_ORIGINAL_PREPARATION = multiprocessing.spawn.get_preparation_data
-
-
-def _preparation_data(name: str) -> dict[str, Any]:
-    """Spawn preparation without re-importing the parent's ``__main__`` (a user script) in the worker."""
-    data = _ORIGINAL_PREPARATION(name)
-    if getattr(_LOCAL, "skip_main", False):
-        data.pop("init_main_from_name", None)
-        data.pop("init_main_from_path", None)
-    return data
-
-
-def _spawner() -> _Spawner:
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None:
-            multiprocessing.spawn.get_preparation_data = _preparation_data  # type: ignore[assignment]
-            _SPAWNER = _Spawner()
-        return _SPAWNER

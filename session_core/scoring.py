@@ -2,7 +2,8 @@
 
 Pure Python (no torch, no gliner2): unit-testable on hand-made records. Gold is a native record's ``output``
 (``entities``, ``relations``, ``classifications``, ``json_structures``); a prediction is gliner2's formatted
-extraction payload for the schema :func:`inference_schema` builds from the same gold.
+extraction payload for the schema :func:`inference_schema` builds from the same gold. Reading both (and
+``normalize_text``) is :mod:`.native_payloads`.
 
 Matching rules (README, "Extraction metrics"):
 
@@ -24,7 +25,6 @@ Matching rules (README, "Extraction metrics"):
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +32,19 @@ from typing import Any
 
 from prefect_gliner2.session_core.errors import RecordError
 from prefect_gliner2.session_core.metrics import KIND_F1_KEYS
+from prefect_gliner2.session_core.native_payloads import (
+    as_list,
+    classification,
+    entity_map,
+    field_values,
+    is_choice,
+    normalize_text,
+    predicted_labels,
+    relation_items,
+    relation_tuple,
+    structure_items,
+    texts,
+)
 
 __all__ = [
     "KINDS",
@@ -46,17 +59,7 @@ __all__ = [
 
 KINDS: tuple[str, ...] = ("entities", "relations", "classifications", "structures")
 RELATION_KEY = "relation_extraction"  # where gliner2's formatted payload puts relations
-_SPACE = re.compile(r"\s+")
 LabelKey = tuple[str, str]  # (kind, label)
-
-
-def normalize_text(value: Any) -> str:
-    """The text a mention is matched by: a span dict's ``text``, whitespace trimmed and collapsed, case kept."""
-    if isinstance(value, Mapping):
-        value = value.get("text", "")
-    if value is None:
-        return ""
-    return _SPACE.sub(" ", str(value)).strip()
 
 
 @dataclass(frozen=True)
@@ -185,27 +188,27 @@ class DatasetSchema:
             if not isinstance(output, Mapping):
                 raise RecordError(f"gold row {row}: 'output' must be an object of tasks, got {type(output).__name__}")
             schema._add(output)
-            entity_orders.append(list(_entity_map(output.get("entities"))))
-            relation_orders.append(list(dict.fromkeys(name for name, _ in _relation_items(output.get("relations")))))
+            entity_orders.append(list(entity_map(output.get("entities"))))
+            relation_orders.append(list(dict.fromkeys(name for name, _ in relation_items(output.get("relations")))))
         schema.entities = {label: schema.entities[label] for label in data_order(entity_orders)}
         schema.relations = data_order(relation_orders)
         return schema
 
     def _add(self, output: Mapping[str, Any]) -> None:
         descriptions = output.get("entity_descriptions") or {}
-        for label in _entity_map(output.get("entities")):
+        for label in entity_map(output.get("entities")):
             if label not in self.entities or (not self.entities[label] and descriptions.get(label)):
                 self.entities[label] = str(descriptions.get(label) or "")
-        for name, _ in _relation_items(output.get("relations")):
+        for name, _ in relation_items(output.get("relations")):
             if name not in self.relations:
                 self.relations.append(name)
-        for name, fields in _structure_items(output.get("json_structures")):
+        for name, fields in structure_items(output.get("json_structures")):
             known = self.structures.setdefault(name, {})
             for field_name, value in fields.items():
                 entry = known.setdefault(field_name, {"dtype": "str", "choices": None})
                 if isinstance(value, list):
                     entry["dtype"] = "list"
-                if _is_choice(value):
+                if is_choice(value):
                     entry["choices"] = list(dict.fromkeys([*(entry["choices"] or []), *value["choices"]]))
 
 
@@ -247,7 +250,7 @@ def inference_schema(output: Mapping[str, Any], dataset: DatasetSchema) -> dict[
         schema["entities"] = dict(dataset.entities) if any(dataset.entities.values()) else list(dataset.entities)
     if dataset.relations:
         schema["relations"] = list(dataset.relations)
-    tasks = [_classification(item) for item in output.get("classifications") or []]
+    tasks = [classification(item) for item in output.get("classifications") or []]
     if tasks:
         schema["classifications"] = [
             {"task": task, "labels": labels, "multi_label": multi} for task, labels, _, multi in tasks
@@ -301,102 +304,25 @@ def score_records(
 def _score_one(
     gold: Mapping[str, Any], predicted: Mapping[str, Any], schema: DatasetSchema
 ) -> Iterable[tuple[LabelKey, Counts]]:
-    gold_entities = _entity_map(gold.get("entities"))
-    predicted_entities = _entity_map(predicted.get("entities"))
+    gold_entities = entity_map(gold.get("entities"))
+    predicted_entities = entity_map(predicted.get("entities"))
     for label in schema.entities:
-        yield ("entities", label), Counts.of(_texts(gold_entities.get(label)), _texts(predicted_entities.get(label)))
+        yield ("entities", label), Counts.of(texts(gold_entities.get(label)), texts(predicted_entities.get(label)))
     gold_relations: dict[str, list[Any]] = {}
-    for name, fields in _relation_items(gold.get("relations")):
-        gold_relations.setdefault(name, []).append(_relation_tuple(fields))
+    for name, fields in relation_items(gold.get("relations")):
+        gold_relations.setdefault(name, []).append(relation_tuple(fields))
     predicted_relations = predicted.get(RELATION_KEY) or {}
     for name in schema.relations:
-        items = [_relation_tuple(item) for item in _as_list(predicted_relations.get(name))]
+        items = [relation_tuple(item) for item in as_list(predicted_relations.get(name))]
         yield ("relations", name), Counts.of(gold_relations.get(name, []), items)
-    for task, _, true_labels, _ in (_classification(item) for item in gold.get("classifications") or []):
-        yield ("classifications", task), Counts.of(set(true_labels), set(_predicted_labels(predicted.get(task))))
-    gold_structures = list(_structure_items(gold.get("json_structures")))
+    for task, _, true_labels, _ in (classification(item) for item in gold.get("classifications") or []):
+        yield ("classifications", task), Counts.of(set(true_labels), set(predicted_labels(predicted.get(task))))
+    gold_structures = list(structure_items(gold.get("json_structures")))
     for name, fields in schema.structures.items():
         gold_instances = [values for struct, values in gold_structures if struct == name]
-        predicted_instances = [item for item in _as_list(predicted.get(name)) if isinstance(item, Mapping)]
+        predicted_instances = [item for item in as_list(predicted.get(name)) if isinstance(item, Mapping)]
         for field_name in fields:
             yield (
                 ("structures", f"{name}.{field_name}"),
-                Counts.of(_field_values(gold_instances, field_name), _field_values(predicted_instances, field_name)),
+                Counts.of(field_values(gold_instances, field_name), field_values(predicted_instances, field_name)),
             )
-
-
-# --------------------------------------------------------------------------------------- reading native payloads
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _texts(values: Any) -> list[str]:
-    return [text for text in (normalize_text(v) for v in _as_list(values)) if text]
-
-
-def _entity_map(entities: Any) -> dict[str, Any]:
-    if entities is None:
-        return {}
-    if isinstance(entities, Mapping):
-        return dict(entities)
-    if isinstance(entities, list) and all(isinstance(label, str) for label in entities):
-        return dict.fromkeys(entities)  # a label list without mentions (an inference-style schema)
-    raise RecordError(f"'entities' must map labels to lists of mentions, got {type(entities).__name__}")
-
-
-def _relation_items(relations: Any) -> Iterable[tuple[str, Any]]:
-    for item in _as_list(relations):
-        if not isinstance(item, Mapping):
-            raise RecordError(f"each relation must be an object {{type: {{head, tail}}}}, got {item!r}")
-        yield from item.items()
-
-
-def _relation_tuple(fields: Any) -> tuple[tuple[str, str], ...]:
-    if isinstance(fields, Mapping):
-        return tuple(sorted((str(k), normalize_text(v)) for k, v in fields.items()))
-    if isinstance(fields, (list, tuple)) and len(fields) == 2:
-        return (("head", normalize_text(fields[0])), ("tail", normalize_text(fields[1])))
-    raise RecordError(f"a relation must be {{'head': ..., 'tail': ...}} or a (head, tail) pair, got {fields!r}")
-
-
-def _classification(item: Any) -> tuple[str, list[str], list[str], bool]:
-    if not isinstance(item, Mapping) or "task" not in item or "labels" not in item or "true_label" not in item:
-        raise RecordError(f"a classification needs 'task', 'labels' and 'true_label', got {item!r}")
-    true_labels = [str(label) for label in _as_list(item["true_label"])]
-    multi = bool(item.get("multi_label", False)) or len(true_labels) > 1
-    return str(item["task"]), [str(label) for label in item["labels"]], true_labels, multi
-
-
-def _predicted_labels(value: Any) -> list[str]:
-    labels = []
-    for item in _as_list(value):
-        label = item.get("label") if isinstance(item, Mapping) else item
-        if label is not None and str(label):
-            labels.append(str(label))
-    return labels
-
-
-def _structure_items(structures: Any) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    for item in _as_list(structures):
-        if not isinstance(item, Mapping):
-            raise RecordError(f"each json_structures entry must be an object {{name: {{field: value}}}}, got {item!r}")
-        for name, fields in item.items():
-            if not isinstance(fields, Mapping):
-                raise RecordError(f"structure {name!r} must map field names to values, got {fields!r}")
-            yield name, fields
-
-
-def _is_choice(value: Any) -> bool:
-    return isinstance(value, Mapping) and "value" in value and "choices" in value
-
-
-def _field_values(instances: Sequence[Mapping[str, Any]], field_name: str) -> list[str]:
-    values: list[str] = []
-    for instance in instances:
-        value: Any = instance.get(field_name)
-        values.extend(_texts(value["value"] if _is_choice(value) else value))
-    return values

@@ -76,14 +76,7 @@ def tiny_encoder_config(
     """
     from transformers import BertConfig, DebertaV2Config
 
-    if hidden_size <= 0 or num_layers <= 0:
-        raise ValueError("hidden_size and num_layers must be > 0")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    if encoder not in TINY_ENCODERS:
-        raise ValueError(f"encoder must be one of {TINY_ENCODERS}, got {encoder!r}")
-    if deberta_v3 and encoder != "deberta-v2":
-        raise ValueError(f"deberta_v3=True needs encoder='deberta-v2', got {encoder!r}")
+    _check_encoder_args(hidden_size, num_layers, dropout, encoder, deberta_v3)
     heads = num_heads or _default_heads(hidden_size)
     if hidden_size % heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {heads}")
@@ -101,24 +94,40 @@ def tiny_encoder_config(
         pad_token_id=0,
     )
     if encoder == "deberta-v2":
-        # position_buckets is read by the model (getattr) but not declared by the config class: hence the dict
-        deberta: dict[str, Any] = {
-            "relative_attention": True,
-            "pos_att_type": ["p2c", "c2p"],
-            "type_vocab_size": 0,
-            "position_buckets": 32,
-        }
-        if deberta_v3:  # microsoft/deberta-v3-base's config.json
-            deberta.update(
-                position_buckets=256,
-                max_relative_positions=-1,
-                share_att_key=True,
-                norm_rel_ebd="layer_norm",
-                position_biased_input=False,
-                layer_norm_eps=1e-7,
-            )
-        return DebertaV2Config(**common, **deberta)
+        return DebertaV2Config(**common, **_deberta_settings(deberta_v3))
     return BertConfig(**common, type_vocab_size=2)
+
+
+def _check_encoder_args(hidden_size: int, num_layers: int, dropout: float, encoder: str, deberta_v3: bool) -> None:
+    if hidden_size <= 0 or num_layers <= 0:
+        raise ValueError("hidden_size and num_layers must be > 0")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if encoder not in TINY_ENCODERS:
+        raise ValueError(f"encoder must be one of {TINY_ENCODERS}, got {encoder!r}")
+    if deberta_v3 and encoder != "deberta-v2":
+        raise ValueError(f"deberta_v3=True needs encoder='deberta-v2', got {encoder!r}")
+
+
+def _deberta_settings(deberta_v3: bool) -> dict[str, Any]:
+    """DeBERTa-v2 relative-attention settings; with `deberta_v3`, DeBERTa-v3-base's."""
+    # position_buckets is read by the model (getattr) but not declared by the config class: hence the dict
+    deberta: dict[str, Any] = {
+        "relative_attention": True,
+        "pos_att_type": ["p2c", "c2p"],
+        "type_vocab_size": 0,
+        "position_buckets": 32,
+    }
+    if deberta_v3:  # microsoft/deberta-v3-base's config.json
+        deberta.update(
+            position_buckets=256,
+            max_relative_positions=-1,
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            layer_norm_eps=1e-7,
+        )
+    return deberta
 
 
 def build_tiny_encoder_dir(

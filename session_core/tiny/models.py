@@ -129,16 +129,14 @@ def save_tiny_model(
 ) -> Path:
     """Write a native gliner2 model directory that ``AutoExtractor.from_pretrained`` loads offline.
 
-    Layout (gliner2's own ``save_pretrained``): ``config.json`` (with
-    ``"architecture"``), ``encoder_config/config.json``, ``model.safetensors``,
-    ``tokenizer.json`` + ``tokenizer_config.json``.
+    Layout (gliner2's own ``save_pretrained``): ``config.json`` (with ``"architecture"``),
+    ``encoder_config/config.json``, ``model.safetensors``, ``tokenizer.json`` + ``tokenizer_config.json``.
 
-    ``dropout`` sets the encoder's hidden/attention dropout and the boundary
-    head's dropout. (The span head has a hard-coded 0.1 dropout in
-    ``span_rep`` whatever the config says.) ``boundary_head`` overrides
-    individual boundary settings on top of :func:`tiny_boundary_head`. ``encoder`` picks the encoder family
-    (``"bert"`` or ``"deberta-v2"``, see :func:`tiny_encoder_config`); ``vocab_size`` and ``deberta_v3`` make
-    the real shape (:data:`GLINER2_BASE_SIZE`).
+    ``dropout`` sets the encoder's hidden/attention dropout and the boundary head's dropout. (The span head has a
+    hard-coded 0.1 dropout in ``span_rep`` whatever the config says.) ``boundary_head`` overrides individual boundary
+    settings on top of :func:`tiny_boundary_head`. ``encoder`` picks the encoder family (``"bert"`` or
+    ``"deberta-v2"``, see :func:`tiny_encoder_config`); ``vocab_size`` and ``deberta_v3`` make the real shape
+    (:data:`GLINER2_BASE_SIZE`).
 
     ``pinned_count`` gives a span model a pretrained-like count head (see :func:`pin_count_head`): gliner2 2.1.0
     trains no count loss for entity tasks, yet its inference extracts an entity label only when the count head
@@ -146,11 +144,9 @@ def save_tiny_model(
     tiny model then extracts nothing however good its span scores are. ``None`` keeps the random head. Boundary
     models decode without that head and are unaffected.
 
-    Deterministic: same arguments -> byte-identical ``model.safetensors`` and
-    ``config.json``. Global RNG state is left untouched. Returns the directory.
+    Deterministic: same arguments -> byte-identical ``model.safetensors`` and ``config.json``. Global RNG state is
+    left untouched. Returns the directory.
     """
-    import gliner2
-
     arch = _check_architecture(architecture)
     check_seed(seed)
     encoder_config = tiny_encoder_config(
@@ -170,6 +166,24 @@ def save_tiny_model(
         max_width=max_width,
         boundary_head=boundary_head,
     )
+    path = Path(directory)
+    _write_model(path, arch, seed, encoder_config, config, vocab_size=vocab_size, pinned_count=pinned_count)
+    return path
+
+
+def _write_model(
+    path: Path,
+    arch: str,
+    seed: int,
+    encoder_config: Any,
+    config: Any,
+    *,
+    vocab_size: int | None,
+    pinned_count: int | None,
+) -> None:
+    """Build the tiny extractor under `seed` (RNG isolated), pin its count head, and ``save_pretrained`` it."""
+    import gliner2
+
     model_class = gliner2.BoundaryExtractor if arch == "boundary" else gliner2.SpanExtractor
     tokenizer = make_fast_tokenizer(vocab_size)
     with isolated_rng(seed):
@@ -182,10 +196,8 @@ def save_tiny_model(
             f"gliner2 grew the tiny tokenizer from {expected} to {len(model.processor.tokenizer)} "
             "tokens; add the new special tokens to GLINER2_SPECIAL_TOKENS"
         )
-    path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
-    return path
 
 
 def pin_count_head(model: Any, count: int = 1) -> None:
