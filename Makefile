@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/prefect-gliner2 demo
 
-# Two pytest processes, each file kept in one of them (module fixtures built once): 22.8 -> 15.9 min on 2 cores.
+# Two pytest processes, each file kept in one of them (module fixtures built once): 22.8 -> 13.0 min on 2 cores.
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
