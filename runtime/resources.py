@@ -121,11 +121,7 @@ def prune_checkpoints(run_dir: RunDirectory, keep: int | None, *, best_step: int
         if name not in protected and checkpoint_position(name)[1] < cursor.cursor:
             _delete_checkpoint(run_dir, name)
             removed.append(name)
-    for name in run_dir.uncommitted_checkpoints():
-        if checkpoint_position(name)[1] < cursor.cursor - 1:
-            run_dir.fs.rm(f"{run_dir.path}/{CHECKPOINTS_DIR}/{name}", recursive=True)
-            removed.append(name)
-    return removed
+    return removed + run_dir.remove_half_pruned()
 
 
 def _delete_checkpoint(run_dir: RunDirectory, name: str) -> None:

@@ -305,16 +305,32 @@ class RunDirectory:
     # ---- debris --------------------------------------------------------------------------------------------
 
     def remove_debris(self, export_uri: str | None = None) -> list[str]:
-        """Delete half-written checkpoints, exports and temp files left by a killed run (only while holding the
-        lease). Besides the run directory, the staging folders of a local `export_uri` (next to it) are removed."""
+        """Delete half-written checkpoints, exports and temp files left by a killed run, and the directories of a
+        half-done prune (only while holding the lease). Besides the run directory, the staging folders of a local
+        `export_uri` (next to it) are removed."""
         removed: list[str] = []
         for folder in (self.path, self._checkpoints):
             removed += remove_debris(self.fs, folder)
+        removed += self.remove_half_pruned()
         if export_uri is not None:
             export_fs, export_path = resolve(export_uri)
             if is_local(export_fs):
                 parent, name = os.path.split(export_path)
                 removed += remove_debris(export_fs, parent, of=name)
+        return removed
+
+    def remove_half_pruned(self) -> list[str]:
+        """Delete index-less checkpoint directories that lie before the checkpoint the cursor names: a prune killed
+        between deleting the index and the files (a write in flight always lies after the cursor). Only while holding
+        the lease; returns the names removed."""
+        cursor = self.read_cursor()
+        if cursor is None:
+            return []
+        removed = []
+        for name in self.uncommitted_checkpoints():
+            if checkpoint_position(name)[1] < cursor.cursor - 1:
+                self.fs.rm(f"{self._checkpoints}/{name}", recursive=True)
+                removed.append(name)
         return removed
 
     @property

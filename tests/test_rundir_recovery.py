@@ -47,3 +47,22 @@ def test_no_intact_earlier_checkpoint_is_refused_clearly(tmp_path: Path) -> None
     with pytest.raises(CheckpointError, match="no intact earlier checkpoint"):
         run_dir.recover_damaged_restore_point(lambda i: 0)
     assert (Path(run_dir.path) / "cursor.json").read_bytes() == before
+
+
+def test_a_half_pruned_checkpoint_before_the_cursor_is_debris_one_after_it_is_not(tmp_path: Path) -> None:
+    """A run killed while pruning (index gone, files not yet) and then retried with nothing left to checkpoint
+    must not keep the index-less directory forever: opening the run removes it. An index-less directory after the
+    cursor is a write in flight (or its debris, which the next write of that position replaces) and stays here."""
+    run_dir = RunDirectory(str(tmp_path), "r")
+    run_dir.create()
+    for name, cursor, step in (("step-000001-batch-000001", 2, 1), ("step-000002-batch-000003", 4, 2)):
+        _checkpoint(run_dir, name, cursor, step)
+    run_dir.commit_cursor(DurableCursor("step-000002-batch-000003", 4, 2, 1, False, "fp"))
+    folder = Path(run_dir.path) / "checkpoints"
+    (folder / "step-000001-batch-000001" / layout.CHECKPOINT_INDEX_FILE).unlink()  # the prune's first half
+    (folder / "step-000003-batch-000005").mkdir()  # a later write, its index not yet written
+    (folder / "step-000003-batch-000005" / "managed.json").write_bytes(b"{}")
+    assert run_dir.uncommitted_checkpoints() == ["step-000001-batch-000001", "step-000003-batch-000005"]
+    assert run_dir.remove_debris() == ["step-000001-batch-000001"]
+    assert run_dir.uncommitted_checkpoints() == ["step-000003-batch-000005"]
+    assert run_dir.committed_checkpoints() == ["step-000002-batch-000003"]
