@@ -9,20 +9,27 @@ What is compared, per case, in fresh interpreters that each import, build the mo
 launch to exit):
 
 - native: gliner2's ``ExtractorTrainer(model, config).train(records)``, the same config (the session's
-  ``to_native_kwargs``), with its default saving (validation is off, so only its final model is saved);
+  ``to_native_kwargs``), with its default saving (validation is off, so only its final model is saved), on the
+  flow's plan as the flow trains it: the plan's records with their negative labels (``negative_label_prob``) and
+  gliner2's own label shuffling switched on (``shuffle_entity_labels``), so that both do the same arithmetic;
 - flow: ``train_flow(...)`` with default settings (automatic task grain and pipelining, checkpoints every 100
-  updates and at the epoch end, keep 3, export) against a local Prefect server (SQLite) that is already up and idle
-  (a fresh one per flow run, started before the clock starts: a user's running server, not the CLI's embedded one).
+  updates and at the epoch end, keep 3, export) against a local Prefect server (SQLite).
 
-Same data (``tiny_records``), config (batch 4, one epoch, seed 3), thread count (``--threads``, default the flow's
-own default: this machine's usable CPUs) and model (the built-in ``tiny:span`` shapes). Validation is off in both
-(like with like: native validation computes a loss only, the flow's also extracts and scores). Each case runs two
-plan lengths (``L`` batches, about ``--minutes`` of native training, and ``L/2``), interleaved native/flow,
-``--repeat`` times. Printed per case, as median (min-max) over the repeats:
+Each pair of runs (one native, one flow, the order alternating between pairs) has a fresh Prefect server of its
+own, started before either clock starts and up and idle during both: a user's running server, on the same cores
+(about a tenth of a core idle), not the CLI's embedded one. Same data (``tiny_records``), config (batch 4, one
+epoch, seed 3), thread count (``--threads``, default the flow's own default: this machine's usable CPUs) and model
+(the built-in ``tiny:span`` shapes). Validation is off in both (like with like: native validation computes a loss
+only, the flow's also extracts and scores). One plan length per case (about ``--minutes`` of native training),
+``--repeat`` pairs. Printed per case, as median (min-max) over the pairs, and for the ratios the mean with its 95%
+t-interval (the resolution the run achieved):
 
-- ratio: flow wall time / native wall time at each length (target <= 1.05 for runs of a few minutes);
-- per batch: the slope (T(L) - T(L/2)) / (L/2) of each, and flow/native (what each further batch costs; target
-  <= 1.05), with the fixed cost T(L/2) - slope * L/2 of each;
+- wall time: flow / native, launch to exit (target <= 1.05 for runs of a few minutes);
+- per batch: inside each run, the time from its first to its last batch mark over the batches between them (native:
+  optimizer steps returned; flow: training tasks' results reaching the flow, so task boundaries, checkpoints and
+  progress reports are inside), flow / native (target <= 1.05); the fixed cost is the rest of the wall time;
+- CPU seconds: of every process (the run and its children, plus what the Prefect server spent meanwhile), flow /
+  native; less sensitive than wall time to what else the machine does;
 - first batch: launch to the first batch trained (native: its first optimizer step returned; flow: the first
   training task's result reached the flow); target: the flow at most ``FIRST_BATCH_EXTRA_S`` after native;
 - last batch to exit: the last batch trained to the process's exit (checkpoint, export, final report); target
@@ -32,13 +39,16 @@ plan lengths (``L`` batches, about ``--minutes`` of native training, and ``L/2``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,22 +85,32 @@ import torch
 torch.set_num_threads({threads})
 from gliner2.training.trainer import ExtractorTrainer, TrainingConfig as NativeConfig
 from prefect_gliner2.runtime.model_sources import load_model
-from prefect_gliner2.session_core import TrainingConfig
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.engine.setup import configure_sampling
 with open({data!r}, encoding="utf-8") as handle:
     records = [json.loads(line) for line in handle]
-kwargs = TrainingConfig.from_dict({config!r}).to_native_kwargs()
+config = TrainingConfig.from_dict({config!r})
+# the flow's plan, augmented as the flow trains it (negative labels), and gliner2's label shuffling on: like with like
+plan = ManagedTrainingPlan(records, config, architecture="span")
+records = [example for i in range(plan.batch_count) for example in plan.batch(i).examples]
+kwargs = config.to_native_kwargs()
 kwargs.update(output_dir={out!r}, fp16=False, pin_memory=False, report_to_wandb=False, num_workers=0)
-trainer = ExtractorTrainer(load_model({model!r}), NativeConfig(**kwargs))
-marks = {{}}
+model = load_model({model!r})
+configure_sampling(model.processor, shuffle_entities=config.shuffle_entity_labels,
+                   synthetic_entity_label_prob=config.synthetic_entity_label_prob)
+trainer = ExtractorTrainer(model, NativeConfig(**kwargs))
+marks = {{"steps": 0}}
 step = trainer._optimizer_step
 def timed(*args, **kwargs):
     result = step(*args, **kwargs)
     now = time.time()
     marks.setdefault("first", now)
     marks["last"] = now
+    marks["steps"] += 1
     return result
 trainer._optimizer_step = timed
 trainer.train(train_data=records)
+marks["window_batches"] = marks["steps"] - 1  # one batch per step (no accumulation): batches after the first mark
 print("BENCH " + json.dumps(marks))
 """
 
@@ -101,9 +121,11 @@ marks = {{}}
 def listen(kind, data):
     if kind == "progress":
         now = time.time()
-        marks.setdefault("first", now)
+        if "first" not in marks:
+            marks["first"], marks["first_cursor"] = now, data.get("cursor", 0)
         if data.get("cursor", 0) >= data.get("batch_count", 1):
             marks["last"] = now
+            marks["window_batches"] = data["batch_count"] - marks["first_cursor"]
 add_listener(listen)
 from prefect_gliner2.flows.train import train_flow
 train_flow(model={model!r}, train_data={data!r}, config={config!r}, run_key={key!r}, storage={storage!r},
@@ -142,67 +164,101 @@ def write_data(path: Path, batches: int) -> str:
     return str(path)
 
 
-def launch(script: str, env: dict[str, str]) -> dict[str, float]:
-    """Run `script` in a fresh interpreter; wall time launch -> exit, and its first/last batch marks."""
+def cpu_seconds(processes: list[Any]) -> float:
+    """User + system CPU seconds of `processes` (psutil), those still alive."""
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def launch(script: str, env: dict[str, str], server: list[Any]) -> dict[str, float]:
+    """Run `script` in a fresh interpreter; wall time launch -> exit, its first/last batch marks, the CPU seconds of
+    it and its children (the flow's worker), and those the Prefect `server` processes spent meanwhile."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_before = cpu_seconds(server)
     started = time.time()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
     ended = time.time()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
     if done.returncode != 0 or line is None:
         raise SystemExit(f"benchmark run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     marks = json.loads(line[6:])
-    return {"total": ended - started, "first": marks["first"] - started, "tail": ended - marks["last"]}
+    return {
+        "total": ended - started,
+        "first": marks["first"] - started,
+        "tail": ended - marks["last"],
+        "per_batch": (marks["last"] - marks["first"]) / max(marks["window_batches"], 1),
+        "window_batches": marks["window_batches"],
+        "cpu": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
+        "server_cpu": cpu_seconds(server) - server_before,
+    }
 
 
-def native_run(model: str, data: str, threads: int, work: Path) -> dict[str, float]:
+def native_run(model: str, data: str, threads: int, work: Path, server: list[Any]) -> dict[str, float]:
     out = tempfile.mkdtemp(prefix="native-", dir=work)
     script = _NATIVE.format(threads=threads, data=data, config=CONFIG, out=out, model=model)
-    return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), **ENV))
+    return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), **ENV), server)
 
 
-def flow_run(model: str, data: str, threads: int, work: Path, key: str) -> dict[str, float]:
-    from support.prefect_harness import local_prefect_server
-
-    with local_prefect_server() as api:  # up and idle before the clock starts
-        script = _FLOW.format(
-            model=model, data=data, config=CONFIG, key=key, storage=str(work / "runs"), threads=threads, device=DEVICE
-        )
-        return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api, **ENV))
+def flow_run(
+    model: str, data: str, threads: int, work: Path, key: str, api: str, server: list[Any]
+) -> dict[str, float]:
+    script = _FLOW.format(
+        model=model, data=data, config=CONFIG, key=key, storage=str(work / "runs"), threads=threads, device=DEVICE
+    )
+    return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api, **ENV), server)
 
 
 def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, work: Path) -> dict[str, Any]:
+    """`--repeat` pairs of runs of one plan length, native and flow, each pair beside one fresh idle Prefect server
+    (up during both runs: a user's server; started before the clock), the order alternating between pairs."""
+    import psutil
+
+    from support.prefect_harness import local_prefect_server
+
     step = step_seconds(case["model"], threads, work)
-    long = max(8, int(args.minutes * 60 / step)) // 2 * 2
-    lengths = (long // 2, long)
-    data = {n: write_data(work / f"train-{n}.jsonl", n) for n in lengths}
-    runs: dict[str, dict[int, list[dict[str, float]]]] = {"native": {}, "flow": {}}
+    length = max(8, int(args.minutes * 60 / step))
+    data = write_data(work / f"train-{length}.jsonl", length)
+    runs: dict[str, list[dict[str, float]]] = {"native": [], "flow": []}
     for repeat in range(args.repeat):
-        for n in lengths:
-            runs["native"].setdefault(n, []).append(native_run(case["model"], data[n], threads, work))
-            key = f"{case['model'].replace(':', '-')}-{n}-{repeat}"
-            runs["flow"].setdefault(n, []).append(flow_run(case["model"], data[n], threads, work, key))
-            print(f"  {case['name']}: {n} batches, repeat {repeat + 1} done", file=sys.stderr, flush=True)
-    return {"case": case["name"], "model": case["model"], "step_s": step, "lengths": lengths, "runs": runs}
+        with local_prefect_server() as api:
+            server = psutil.Process().children(recursive=True)
+            order = ("native", "flow") if repeat % 2 == 0 else ("flow", "native")
+            for variant in order:
+                if variant == "native":
+                    runs["native"].append(native_run(case["model"], data, threads, work, server))
+                else:
+                    key = f"{case['model'].replace(':', '-')}-{length}-{repeat}"
+                    runs["flow"].append(flow_run(case["model"], data, threads, work, key, api, server))
+        print(f"  {case['name']}: {length} batches, pair {repeat + 1} done", file=sys.stderr, flush=True)
+    return {"case": case["name"], "model": case["model"], "step_s": step, "batches": length, "runs": runs}
 
 
 def analyse(result: dict[str, Any]) -> dict[str, Any]:
-    """Per repeat: ratios at each length, slopes, fixed costs; each list is later shown as median (min-max)."""
-    short, long = result["lengths"]
-    runs = result["runs"]
-    out: dict[str, Any] = {"ratio": {}, "slope": {}, "fixed": {}, "first": {}, "tail": {}}
-    for n in (short, long):
-        pairs = zip(runs["flow"][n], runs["native"][n], strict=True)
-        out["ratio"][n] = [f["total"] / a["total"] for f, a in pairs]
-    for variant in ("native", "flow"):
-        slopes = [
-            (b["total"] - a["total"]) / (long - short)
-            for a, b in zip(runs[variant][short], runs[variant][long], strict=True)
-        ]
-        out["slope"][variant] = slopes
-        out["fixed"][variant] = [a["total"] - s * short for a, s in zip(runs[variant][short], slopes, strict=True)]
-        out["first"][variant] = [r["first"] for n in (short, long) for r in runs[variant][n]]
-        out["tail"][variant] = [r["tail"] for n in (short, long) for r in runs[variant][n]]
-    out["slope_ratio"] = [f / a for f, a in zip(out["slope"]["flow"], out["slope"]["native"], strict=True)]
+    """Per pair: the ratios flow/native of the wall time, the cost per batch (inside each run: from its first to its
+    last batch mark) and the CPU seconds (all processes, the server's included); and each run's fixed costs."""
+    native, flow = result["runs"]["native"], result["runs"]["flow"]
+
+    def paired(key: Callable[[dict[str, float]], float]) -> list[float]:
+        return [key(f) / key(n) for f, n in zip(flow, native, strict=True)]
+
+    out: dict[str, Any] = {
+        "ratio": paired(lambda r: r["total"]),
+        "per_batch_ratio": paired(lambda r: r["per_batch"]),
+        "cpu_ratio": paired(lambda r: r["cpu"] + r["server_cpu"]),
+    }
+    for key in ("per_batch", "first", "tail", "total", "cpu", "server_cpu"):
+        out[key] = {variant: [r[key] for r in result["runs"][variant]] for variant in ("native", "flow")}
+    out["fixed"] = {
+        variant: [r["total"] - r["per_batch"] * result["batches"] for r in result["runs"][variant]]
+        for variant in ("native", "flow")
+    }
     return out
 
 
@@ -211,33 +267,47 @@ def spread(values: list[float], fmt: str = ".2f") -> str:
     return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
+def interval(values: list[float]) -> str:
+    """The mean of paired ratios with its 95% t-interval half-width (what the benchmark can resolve)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"mean {mean:.3f}"
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return f"mean {mean:.3f} +- {half:.3f}"
+
+
 def report(result: dict[str, Any]) -> list[str]:
     figures = analyse(result)
-    short, long = result["lengths"]
     first_extra = statistics.median(figures["first"]["flow"]) - statistics.median(figures["first"]["native"])
     tail = statistics.median(figures["tail"]["flow"])
-    slope_ratio = statistics.median(figures["slope_ratio"])
-    ratio_long = statistics.median(figures["ratio"][long])
 
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
+    def verdict(values: list[float]) -> str:
+        return "met" if statistics.median(values) <= RATIO_TARGET else "NOT met"
+
+    def both(key: str, scale: float = 1.0, fmt: str = ".2f") -> str:
+        native, flow = ([x * scale for x in figures[key][v]] for v in ("native", "flow"))
+        return f"{spread(native, fmt):>24} / {spread(flow, fmt)}"
 
     return [
-        f"{result['case']} ({result['model']}, native step {result['step_s'] * 1000:.0f} ms here):",
-        f"  flow/native wall time, {long} batches    {spread(figures['ratio'][long], '.3f'):>24}   target <= "
-        f"{RATIO_TARGET}: {verdict(ratio_long <= RATIO_TARGET)}",
-        f"  flow/native wall time, {short} batches    {spread(figures['ratio'][short], '.3f'):>24}",
-        f"  per batch, flow/native                {spread(figures['slope_ratio'], '.3f'):>24}   target <= "
-        f"{RATIO_TARGET}: {verdict(slope_ratio <= RATIO_TARGET)}",
-        f"  per batch ms, native / flow           {spread([s * 1e3 for s in figures['slope']['native']], '.1f'):>24}"
-        f" / {spread([s * 1e3 for s in figures['slope']['flow']], '.1f')}",
-        f"  fixed s, native / flow                {spread(figures['fixed']['native']):>24} / "
-        f"{spread(figures['fixed']['flow'])}",
-        f"  first batch s, native / flow          {spread(figures['first']['native']):>24} / "
-        f"{spread(figures['first']['flow'])}   target: flow <= native + {FIRST_BATCH_EXTRA_S:g} s: "
-        f"{verdict(first_extra <= FIRST_BATCH_EXTRA_S)}",
-        f"  last batch to exit s, native / flow   {spread(figures['tail']['native']):>24} / "
-        f"{spread(figures['tail']['flow'])}   target: flow <= {LAST_TO_EXIT_S:g} s: {verdict(tail <= LAST_TO_EXIT_S)}",
+        f"{result['case']} ({result['model']}, native step {result['step_s'] * 1000:.0f} ms here), "
+        f"{result['batches']} batches:",
+        f"  flow/native wall time                 {spread(figures['ratio'], '.3f'):>24}   "
+        f"{interval(figures['ratio'])}; target <= {RATIO_TARGET}: {verdict(figures['ratio'])}",
+        f"  per batch, flow/native                {spread(figures['per_batch_ratio'], '.3f'):>24}   "
+        f"{interval(figures['per_batch_ratio'])}; target <= {RATIO_TARGET}: {verdict(figures['per_batch_ratio'])}",
+        f"  CPU seconds, flow/native              {spread(figures['cpu_ratio'], '.3f'):>24}   "
+        f"{interval(figures['cpu_ratio'])} (every process, the idle server's included in both)",
+        f"  wall s, native / flow                 {both('total', fmt='.1f')}",
+        f"  per batch ms, native / flow           {both('per_batch', 1e3, '.1f')}",
+        f"  fixed s, native / flow                {both('fixed')}",
+        f"  CPU s, native / flow (server's)       {both('cpu', fmt='.1f')} "
+        f"({spread(figures['server_cpu']['native'], '.1f')} / {spread(figures['server_cpu']['flow'], '.1f')})",
+        f"  first batch s, native / flow          {both('first')}   target: flow <= native + "
+        f"{FIRST_BATCH_EXTRA_S:g} s: {'met' if first_extra <= FIRST_BATCH_EXTRA_S else 'NOT met'}",
+        f"  last batch to exit s, native / flow   {both('tail')}   target: flow <= {LAST_TO_EXIT_S:g} s: "
+        f"{'met' if tail <= LAST_TO_EXIT_S else 'NOT met'}",
     ]
 
 
@@ -245,8 +315,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="runs of ~10 s, one repeat (checks the script)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
-    parser.add_argument("--minutes", type=float, default=2.0, help="native training time of the longer run")
-    parser.add_argument("--repeat", type=int, default=2, help="interleaved repeats of every run")
+    parser.add_argument("--minutes", type=float, default=2.0, help="native training time of each run")
+    parser.add_argument("--repeat", type=int, default=3, help="pairs of runs (native, flow), order alternating")
     parser.add_argument("--threads", type=int, help="torch threads of both (default: the flow's default)")
     parser.add_argument("--json", help="also write the raw runs and figures as JSON to this file")
     parser.add_argument("--device", help="cpu or cuda for the flow's worker (native gliner2 uses CUDA when present)")
@@ -265,7 +335,7 @@ def main() -> None:
     print(
         f"flow (default settings) vs native ExtractorTrainer.train(), validation off in both, {threads} torch "
         f"thread(s), {DEVICE or 'default device'}, {'bf16' if args.bf16 else 'fp32'}; median (min-max) of "
-        f"{args.repeat} interleaved repeat(s)"
+        f"{args.repeat} pair(s) of runs, the order alternating, each pair beside its own idle Prefect server"
     )
     with tempfile.TemporaryDirectory(prefix="bench-flow-", dir=os.environ.get("BENCH_TMP")) as tmp:
         for key in args.cases.split(","):
