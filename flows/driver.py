@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from prefect import get_run_logger
 
@@ -27,7 +27,7 @@ from prefect_gliner2.flows.reporting import RunReporter
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.live_runs import LiveRun
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, Request, ValidateResult
-from prefect_gliner2.runtime.schedule import TaskGrain, Unit, unit_op, units
+from prefect_gliner2.runtime.schedule import CheckpointCadence, TaskGrain, Unit, unit_op, units
 from prefect_gliner2.session_core.checkpoint import checkpoint_exists
 from prefect_gliner2.tasks.checkpoints import checkpoint, commit_checkpoint
 from prefect_gliner2.tasks.training import train_batches
@@ -85,7 +85,7 @@ def drive(
     start: int,
     *,
     batches_per_task: int | TaskGrain,
-    checkpoint_every: int,
+    checkpoint_every: int | Literal["auto"],
     pipeline_depth: int,
     validate_runs: bool,
     reporter: RunReporter,
@@ -99,7 +99,8 @@ def drive(
     """
     plan = run.plan
     grain = batches_per_task if isinstance(batches_per_task, TaskGrain) else TaskGrain(batches_per_task)
-    source = units(plan, start, batches_per_task=grain, checkpoint_every=checkpoint_every, validate=validate_runs)
+    cadence = CheckpointCadence.of(checkpoint_every, grain)
+    source = units(plan, start, batches_per_task=grain, checkpoint_every=cadence, validate=validate_runs)
     pending: deque[Unit] = deque()
     sent: dict[Unit, str] = {}
     outcome = DriveResult()

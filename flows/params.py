@@ -29,7 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT
 from prefect_gliner2.runtime.run import DEFAULT_KEEP_CHECKPOINTS
-from prefect_gliner2.runtime.schedule import AUTO, AUTO_PIPELINE_DEPTH, TARGET_TASK_SECONDS
+from prefect_gliner2.runtime.schedule import (
+    AUTO,
+    AUTO_CHECKPOINT_UPDATES,
+    AUTO_PIPELINE_DEPTH,
+    MIN_CHECKPOINT_SECONDS,
+    TARGET_TASK_SECONDS,
+)
 from prefect_gliner2.session_core import TrainingConfig
 from prefect_gliner2.session_core.config import DEFAULT_LORA_TARGET_MODULES
 from prefect_gliner2.session_core.errors import (
@@ -327,8 +333,11 @@ def check_runnable(config: TrainingConfig, has_validation: bool, device: str | N
 class CheckpointSettings(_Form):
     """When checkpoints are taken, how many are kept and how they are written."""
 
-    checkpoint_every: int = Field(
-        default=100, ge=0, description="Checkpoint after every N optimizer updates (0: only at epoch ends)."
+    checkpoint_every: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        default=AUTO,
+        description=f"Checkpoint after every N optimizer updates (0: only at epoch ends); every epoch end always. "
+        f"auto: every {AUTO_CHECKPOINT_UPDATES} updates, fewer when steps are short, so that checkpoints are at "
+        f"least {MIN_CHECKPOINT_SECONDS:g} s of training apart (a kill loses at most about that much).",
     )
     keep_checkpoints: int | None = Field(
         default=DEFAULT_KEEP_CHECKPOINTS,

@@ -6,8 +6,14 @@ every checkpoint lands exactly where the schedule says and always after the vali
 
     advance 40-46 | advance 47-47 | validate 47 | checkpoint 47 | advance 48-55 ...
 
-Checkpoints fall after every ``checkpoint_every``-th optimizer update and at every epoch end (the plan's last batch
-ends an epoch, so the last unit is always a checkpoint).
+Checkpoints fall at every epoch end (the plan's last batch ends an epoch, so the last unit is always a checkpoint)
+and after optimizer updates by their *cadence* (``CheckpointCadence``): a pinned ``checkpoint_every`` N checkpoints
+after every N-th update (0: epoch ends only); the automatic cadence (the default) checkpoints at multiples of
+``AUTO_CHECKPOINT_UPDATES`` updates, skipping those that come less than ``MIN_CHECKPOINT_SECONDS`` of measured
+training after the previous checkpoint: with steps of 0.3 s and more that is every 100 updates, with 20 ms steps
+every 1,500. A kill loses at most about that much training; a checkpoint every two seconds would cost Prefect
+task runs, API calls and disk churn for nothing. Checkpoints never change what is trained, so where they fall
+(which may differ between attempts, as the measured step time does) never changes a bit of the result.
 
 How many batches an ``advance`` unit trains is its *grain* (``TaskGrain``): pinned by the user, or automatic. The
 automatic grain starts at one batch and grows as the worker reports how long batches take, so that a task lasts
@@ -29,7 +35,10 @@ from prefect_gliner2.session_core.layout import checkpoint_name
 
 __all__ = [
     "AUTO",
+    "AUTO_CHECKPOINT_UPDATES",
     "AUTO_PIPELINE_DEPTH",
+    "CheckpointCadence",
+    "MIN_CHECKPOINT_SECONDS",
     "MAX_BATCHES_PER_TASK",
     "TARGET_TASK_SECONDS",
     "TaskGrain",
@@ -47,6 +56,10 @@ TARGET_TASK_SECONDS = 2.0
 GROWTH = 4
 #: The largest automatic grain.
 MAX_BATCHES_PER_TASK = 4096
+#: The automatic checkpoint cadence checkpoints at multiples of this many optimizer updates...
+AUTO_CHECKPOINT_UPDATES = 100
+#: ...at least this many seconds of measured training apart (epoch ends always checkpoint).
+MIN_CHECKPOINT_SECONDS = 30.0
 #: The pipeline depth "auto" stands for: the next two units are with the worker while a task is recorded.
 AUTO_PIPELINE_DEPTH = 2
 
@@ -108,21 +121,73 @@ class Unit:
 
 
 def is_checkpoint_point(plan: Any, index: int, checkpoint_every: int) -> bool:
+    """Whether a pinned cadence of `checkpoint_every` updates (0: epoch ends only) checkpoints after batch `index`."""
     if plan.is_epoch_end(index):
         return True
     return checkpoint_every > 0 and plan.is_update(index) and plan.step_after(index) % checkpoint_every == 0
 
 
+class CheckpointCadence:
+    """Where checkpoints fall: after every `pinned` updates, or automatic (None; see the module docstring).
+
+    ``due(plan, index)`` is asked once per batch, in order, as units are formed; the automatic cadence reads the
+    `grain`'s measured seconds per batch (none measured yet: every ``AUTO_CHECKPOINT_UPDATES`` updates)."""
+
+    def __init__(
+        self,
+        pinned: int | None = None,
+        *,
+        grain: TaskGrain | None = None,
+        every: int = AUTO_CHECKPOINT_UPDATES,
+        min_seconds: float = MIN_CHECKPOINT_SECONDS,
+    ) -> None:
+        if pinned is not None and (isinstance(pinned, bool) or not isinstance(pinned, int) or pinned < 0):
+            raise ValueError(f"checkpoint_every must be a non-negative int or {AUTO!r}, got {pinned!r}")
+        self.pinned, self.grain, self.every, self.min_seconds = pinned, grain, every, min_seconds
+        self._last: int | None = None  # the batch of the previous checkpoint (None: the start of this attempt)
+
+    @classmethod
+    def of(cls, setting: int | Literal["auto"], grain: TaskGrain | None = None) -> CheckpointCadence:
+        """The cadence of a ``checkpoint_every`` setting: a non-negative int, or "auto" (reading `grain`)."""
+        return cls(None if setting == AUTO else setting, grain=grain)  # type: ignore[arg-type]
+
+    def due(self, plan: Any, index: int, start: int) -> bool:
+        if self.pinned is not None:
+            return is_checkpoint_point(plan, index, self.pinned)
+        due = plan.is_epoch_end(index) or (
+            plan.is_update(index) and plan.step_after(index) % self.every == 0 and self._long_enough(index, start)
+        )
+        if due:
+            self._last = index
+        return due
+
+    def _long_enough(self, index: int, start: int) -> bool:
+        per_batch = self.grain.per_batch_seconds if self.grain is not None else None
+        if per_batch is None:
+            return True
+        since = index + 1 - (start if self._last is None else self._last + 1)
+        return since * per_batch >= self.min_seconds
+
+
 def units(
-    plan: Any, start: int, *, batches_per_task: int | TaskGrain, checkpoint_every: int, validate: bool
+    plan: Any,
+    start: int,
+    *,
+    batches_per_task: int | TaskGrain,
+    checkpoint_every: int | CheckpointCadence,
+    validate: bool,
 ) -> Iterator[Unit]:
     """The units from batch `start` to the end of the plan, lazily (plans can have millions of batches); a
-    `TaskGrain` is read as each unit is formed, so an automatic grain applies to the units formed after it grew."""
+    `TaskGrain` is read as each unit is formed, so an automatic grain applies to the units formed after it grew (an
+    automatic `CheckpointCadence` reads the grain's measurement the same way)."""
     grain = batches_per_task if isinstance(batches_per_task, TaskGrain) else TaskGrain(batches_per_task)
+    cadence = checkpoint_every
+    if not isinstance(cadence, CheckpointCadence):
+        cadence = CheckpointCadence(cadence)
     first = start
     for index in range(start, plan.batch_count):
         validation = validate and plan.is_validation(index)
-        checkpoint = is_checkpoint_point(plan, index, checkpoint_every)
+        checkpoint = cadence.due(plan, index, start)
         if validation or checkpoint or index - first + 1 >= grain.batches or index == plan.batch_count - 1:
             yield Unit("advance", first, index)
             first = index + 1

@@ -272,7 +272,7 @@ def test_train_plans_before_the_flow_run_and_the_flow_resumes_that_plan(
         parameters = client.read_flow_run(UUID(summary["flow_run_id"])).parameters
     assert parameters["run_key"] == "cli-once" and parameters["storage"] == storage
     assert (parameters["train_data"], parameters["valid_data"], parameters["config"]) == (None, None, None)
-    assert parameters["checkpointing"]["checkpoint_every"] == 100 and parameters["execution"]["cpu_threads"] == 1
+    assert parameters["checkpointing"]["checkpoint_every"] == "auto" and parameters["execution"]["cpu_threads"] == 1
 
 
 def test_a_config_the_run_would_refuse_is_refused_before_anything_is_written(

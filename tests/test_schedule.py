@@ -11,6 +11,7 @@ from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.schedule import (
     AUTO_PIPELINE_DEPTH,
+    CheckpointCadence,
     TaskGrain,
     Unit,
     is_checkpoint_point,
@@ -181,3 +182,55 @@ def test_units_of_a_growing_grain_cover_the_plan_in_order_and_keep_every_boundar
     ends = {u.through for u in found if u.kind == "advance"}
     assert {u.through for u in fixed if u.kind != "advance"} <= ends  # validations and checkpoints end units
     assert max(u.through - u.first + 1 for u in found if u.kind == "advance") > 1  # it did group
+
+
+def _big_plan(batches: int) -> ManagedTrainingPlan:
+    """One epoch of `batches` batches of one record, one update per batch (step = batch + 1)."""
+    return _plan(batches, batch_size=1, gradient_accumulation_steps=1, num_epochs=1)
+
+
+def _checkpoints(plan: ManagedTrainingPlan, start: int, cadence: CheckpointCadence, grain: TaskGrain) -> list[int]:
+    found = units(plan, start, batches_per_task=grain, checkpoint_every=cadence, validate=False)
+    return [u.step for u in found if u.kind == "checkpoint"]
+
+
+def test_the_automatic_cadence_checkpoints_every_100_updates_at_0_3_s_steps_and_30_s_apart_at_short_ones() -> None:
+    plan = _big_plan(3200)
+    unmeasured = TaskGrain()
+    assert _checkpoints(plan, 0, CheckpointCadence.of("auto", unmeasured), unmeasured) == [*range(100, 3200, 100), 3200]
+    for per_batch, every in ((0.3, 100), (0.02, 1500), (0.05, 600), (0.1, 300), (1.0, 100)):
+        grain = TaskGrain(target_seconds=1e9)  # measured once here; a bench-sized target keeps units long
+        grain.observe(100, 100 * per_batch)
+        steps = _checkpoints(plan, 0, CheckpointCadence.of("auto", grain), grain)
+        assert steps == [*range(every, 3200, every), 3200], per_batch  # the epoch end always checkpoints
+        assert all((b - a) * per_batch >= 30.0 for a, b in itertools.pairwise([0, *steps[:-1]]))
+    # a resumed attempt counts from where it starts (the restored checkpoint)
+    grain = TaskGrain()
+    grain.observe(10, 0.2)
+    assert _checkpoints(plan, 1000, CheckpointCadence.of("auto", grain), grain) == [2500, 3200]
+    # a pinned cadence is the positional one, whatever the measurement
+    assert _checkpoints(plan, 0, CheckpointCadence.of(800, grain), grain) == [800, 1600, 2400, 3200]
+    assert _checkpoints(plan, 0, CheckpointCadence.of(0, grain), grain) == [3200]
+
+
+def test_the_automatic_cadence_follows_the_grain_as_it_is_measured() -> None:
+    """A grain that learns 20 ms per batch early spaces checkpoints ~30 s apart from then on; training slowing
+    down to 1 s per batch brings the cadence back to every 100 updates."""
+    plan = _big_plan(3000)
+    grain = TaskGrain(target_seconds=2.0)
+    cadence = CheckpointCadence.of("auto", grain)
+    steps = []
+    for unit in units(plan, 0, batches_per_task=grain, checkpoint_every=cadence, validate=False):
+        if unit.kind == "advance":
+            per_batch = 0.02 if unit.through < 2000 else 1.0
+            grain.observe(unit.through - unit.first + 1, per_batch * (unit.through - unit.first + 1))
+        elif unit.kind == "checkpoint":
+            steps.append(unit.step)
+    assert steps[:1] == [1500] and steps[-1] == 3000
+    assert [s for s in steps if s > 2100] == [*range(2200, 3001, 100)]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "often"])
+def test_a_bad_checkpoint_cadence_is_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="non-negative int or 'auto'"):
+        CheckpointCadence(bad)

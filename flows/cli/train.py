@@ -26,7 +26,12 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--run-key", help="names the run directory; the same key resumes (default: from the plan)")
     parser.add_argument("--storage", help="local directory or fsspec URL for run directories")
     parser.add_argument("--export", dest="export_to", help="where to export the selected model (default: <run>/export)")
-    parser.add_argument("--checkpoint-every", type=non_negative, default=100, help="checkpoint every N updates")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=auto_or(non_negative),
+        default="auto",
+        help="checkpoint every N updates (default auto: every 100, fewer when steps are short: at least 30 s apart)",
+    )
     parser.add_argument(
         "--batches-per-task",
         type=auto_or(positive),
