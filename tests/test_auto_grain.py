@@ -61,3 +61,29 @@ def test_a_run_killed_and_resumed_with_the_automatic_grain_equals_an_uninterrupt
     assert max(u.through - u.first + 1 for u in advances) >= 4  # then grown (x4 per timed unit, to the boundaries)
     reference = reference_export(model, inputs, training_config(), tmp_path / "direct")
     assert_same_export(summary["export"], reference)
+
+
+def test_the_automatic_checkpoint_cadence_skips_the_100_update_points_of_a_fast_run_and_changes_no_bit(
+    prefect_server: str, tmp_path: Path
+) -> None:
+    """Default checkpointing ("auto") on 240 updates of a few tens of ms: the points at steps 100 and 200 come
+    seconds after the start, not the 30 s apart the cadence asks, so only the epoch end checkpoints; the export is
+    the uninterrupted direct run's, bit for bit."""
+    from prefect_gliner2.runtime.rundir import RunDirectory
+
+    inputs = make_inputs(tmp_path / "data", n_train=240)
+    model = tiny_model_dir(tmp_path, "span")
+    config = training_config(batch_size=1, gradient_accumulation_steps=1, num_epochs=1, eval_strategy="no")
+    storage = str(tmp_path / "runs")
+    summary = run_flow(
+        model=model,
+        train_data=inputs["train"],
+        valid_data=inputs["valid"],
+        config=config,
+        run_key="auto-cadence",
+        storage=storage,
+        checkpointing={"keep_checkpoints": None},
+    )
+    assert summary["total_steps"] == 240
+    assert RunDirectory(storage, "auto-cadence").committed_checkpoints() == ["step-000240-batch-000239"]
+    assert_same_export(summary["export"], reference_export(model, inputs, config, tmp_path / "direct"))
