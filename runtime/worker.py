@@ -18,7 +18,8 @@ skipping one never changes what the session computes. If the child dies, every o
 ``WorkerDied``; the next ``submit`` starts a fresh child from ``restore_locator()`` (a new *incarnation*). A
 remote ``SessionCoreError`` is re-raised as the same class with the same fields and the remote traceback attached
 (deterministic); any other remote exception becomes ``WorkerError`` naming its type (transient). A child that
-raised is never reused: it exits after reporting.
+raised is never reused: it exits after reporting, and the calls still outstanding on it (sent ahead) raise that
+same error, not ``WorkerDied``: the cause decides whether a retry can help (a full disk never is retried).
 
 The child is spawned from one long-lived thread of this process, so Linux's parent-death signal (which fires when
 the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe. The
@@ -103,6 +104,7 @@ class _Link:
         self.calls: dict[int, Ticket] = {}
         self.by_request: dict[Request[Any], Ticket] = {}
         self.dead = False
+        self.error: RemoteError | None = None  # the error this child answered with, after which it exits
         self.init: Ticket = Ticket(0, None, incarnation)
 
 
@@ -292,10 +294,11 @@ class SessionWorker:
                 reply: Reply = link.conn.recv()
             except (EOFError, OSError):
                 break
-            failed = isinstance(reply.result, RemoteError)
+            error = reply.result if isinstance(reply.result, RemoteError) else None
             with self._lock:
-                if failed:
+                if error is not None:
                     link.dead = True  # a worker that raised exits; nothing more may be sent to it
+                    link.error = link.error or error
                 ticket = link.calls.pop(reply.op_id, None)  # stays in by_request until a caller consumes it
             if ticket is not None:
                 if isinstance(reply.result, RemoteError):
@@ -320,6 +323,9 @@ class SessionWorker:
             how = f"exit code {code}"
         origin = f"checkpoint {link.restored_from}" if link.restored_from else "the start of the plan"
         for ticket in calls:
+            if link.error is not None:  # it exited because an earlier operation raised: that error is the cause
+                ticket.resolve(False, decode_error(link.error, link.process.pid))
+                continue
             ticket.resolve(
                 False,
                 WorkerDied(

@@ -121,6 +121,25 @@ def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path
         worker.close()
 
 
+def test_operations_sent_behind_one_that_raised_get_its_error_not_worker_died(
+    run: dict[str, str], tmp_path: Path
+) -> None:
+    """A worker that raised exits; an operation already sent behind the failing one fails with the same error, so a
+    full disk stays a StorageFullError (never retried) instead of becoming a dead worker that a retry restarts."""
+    full_once = Fault.os_error("checkpoint-write", 3, errno.ENOSPC, once=str(tmp_path / "full-once"))
+    worker = _worker(run, faults=FaultPlan(faults=(full_once,)))
+    try:
+        worker.call(Advance(first=0, through=2))
+        failing = worker.submit(Checkpoint(index=3, uri=str(tmp_path / "ckpt-3")))
+        behind = worker.submit(Advance(first=3, through=3))  # sent before the child fails (it writes first)
+        for ticket in (failing, behind):
+            with pytest.raises(StorageFullError, match="ENOSPC"):
+                ticket.result(120)
+        assert worker.starts == 1
+    finally:
+        worker.close()
+
+
 def test_full_storage_in_the_worker_is_permanent(run: dict[str, str], tmp_path: Path) -> None:
     """ENOSPC while the worker writes a checkpoint: StorageFullError (never retried) with its errno, no partial
     checkpoint left that looks complete, and once space is back a fresh worker writes the same checkpoint."""
