@@ -12,8 +12,8 @@ launch to exit):
   ``to_native_kwargs``), with its default saving (validation is off, so only its final model is saved), on the
   flow's plan as the flow trains it: the plan's records with their negative labels (``negative_label_prob``) and
   gliner2's own label shuffling switched on (``shuffle_entity_labels``), so that both do the same arithmetic;
-- flow: ``train_flow(...)`` with default settings (automatic task grain and pipelining, checkpoints every 100
-  updates and at the epoch end, keep 3, export) against a local Prefect server (SQLite).
+- flow: ``train_flow(...)`` with default settings (automatic task grain and pipelining, the automatic checkpoint
+  cadence and the epoch end, keep 3, export) against a local Prefect server (SQLite).
 
 Each pair of runs (one native, one flow, the order alternating between pairs) has a fresh Prefect server of its
 own, started before either clock starts and up and idle during both: a user's running server, on the same cores
