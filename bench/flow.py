@@ -267,6 +267,7 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         variant: [r["total"] - r["per_batch"] * result["batches"] for r in result["runs"][variant]]
         for variant in ("native", "flow")
     }
+    out["interval"] = {key: interval(out[key]) for key in ("ratio", "per_batch_ratio", "cpu_ratio")}
     return out
 
 
@@ -283,7 +284,7 @@ def interval(values: list[float]) -> str:
     from scipy import stats
 
     half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
-    return f"mean {mean:.3f} +- {half:.3f}"
+    return f"mean {mean:.3f} +- {half:.3f} (95%)"
 
 
 def report(result: dict[str, Any]) -> list[str]:
@@ -304,11 +305,11 @@ def report(result: dict[str, Any]) -> list[str]:
         f"{result['case']} ({result['model']}, native step {result['step_s'] * 1000:.0f} ms here), "
         f"{result['batches']} batches:",
         f"  flow/native wall time                 {spread(figures['ratio'], '.3f'):>24}   "
-        f"{interval(figures['ratio'])}; target <= {RATIO_TARGET}: {verdict(figures['ratio'])}",
+        f"{figures['interval']['ratio']}; target <= {RATIO_TARGET}: {verdict(figures['ratio'])}",
         f"  per batch, flow/native                {spread(figures['per_batch_ratio'], '.3f'):>24}   "
-        f"{interval(figures['per_batch_ratio'])}; target <= {RATIO_TARGET}: {verdict(figures['per_batch_ratio'])}",
+        f"{figures['interval']['per_batch_ratio']}; target <= {RATIO_TARGET}: {verdict(figures['per_batch_ratio'])}",
         f"  CPU seconds, flow/native              {spread(figures['cpu_ratio'], '.3f'):>24}   "
-        f"{interval(figures['cpu_ratio'])} (every process, the idle server's included in both)",
+        f"{figures['interval']['cpu_ratio']} (every process, the idle server's included in both)",
         f"  wall s, native / flow                 {both('total', fmt='.1f')}",
         f"  per batch ms, native / flow           {both('per_batch', 1e3, '.1f')}",
         f"  flow's worker: ms per batch training  {spread([x * 1e3 for x in worker], '.1f'):>24}   "

@@ -130,8 +130,9 @@ def is_checkpoint_point(plan: Any, index: int, checkpoint_every: int) -> bool:
 class CheckpointCadence:
     """Where checkpoints fall: after every `pinned` updates, or automatic (None; see the module docstring).
 
-    ``due(plan, index)`` is asked once per batch, in order, as units are formed; the automatic cadence reads the
-    `grain`'s measured seconds per batch (none measured yet: every ``AUTO_CHECKPOINT_UPDATES`` updates)."""
+    ``due(plan, index, start)`` is asked once per batch from `start`, in order, as units are formed; the automatic
+    cadence reads the `grain`'s measured seconds per batch (none measured yet: every ``AUTO_CHECKPOINT_UPDATES``
+    updates)."""
 
     def __init__(
         self,

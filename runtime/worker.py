@@ -301,8 +301,8 @@ class SessionWorker:
                     link.error = link.error or error
                 ticket = link.calls.pop(reply.op_id, None)  # stays in by_request until a caller consumes it
             if ticket is not None:
-                if isinstance(reply.result, RemoteError):
-                    ticket.resolve(False, decode_error(reply.result, link.process.pid))
+                if error is not None:
+                    ticket.resolve(False, decode_error(error, link.process.pid))
                 else:
                     ticket.resolve(True, reply.result)
         link.process.join(10)
