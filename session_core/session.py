@@ -31,7 +31,7 @@ from prefect_gliner2.session_core.errors import ConfigError, SessionStateError
 from prefect_gliner2.session_core.identity import describe_model
 from prefect_gliner2.session_core.pairs import to_pairs
 from prefect_gliner2.session_core.session_checkpoint import SessionCheckpointing
-from prefect_gliner2.session_core.state import base_weights, tensors_digest
+from prefect_gliner2.session_core.state import base_weights, weights_digest
 
 logger = logging.getLogger(__name__)
 EngineFactory = Callable[..., engine_mod.SessionEngine]
@@ -252,7 +252,7 @@ class TrainingSession(SessionCheckpointing):
     # ---- checkpoint payload and restore: state_payload, restore_payload (in SessionCheckpointing) ------------
 
     def _base_hash(self) -> str:
-        return tensors_digest(base_weights(self._engine.model))
+        return weights_digest(base_weights(self._engine.model))
 
     # ---- state machine -------------------------------------------------------------------------------------
 

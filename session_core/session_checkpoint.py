@@ -29,6 +29,7 @@ from prefect_gliner2.session_core.state import (
     read_tensors,
     restore_grads,
     restore_rng,
+    same_base_weights,
     unflatten_state,
     write_tensors,
 )
@@ -220,9 +221,13 @@ class SessionCheckpointing:
         saved, here = checkpoint.meta.get("compat", {}), self._compat()
         diffs = [
             f"{k}: checkpoint {saved.get(k)!r} != session {here[k]!r}"
-            for k in ("max_steps", "base_model_hash", "device_type", "dtype", "cpu_threads", "trainer")
+            for k in ("max_steps", "device_type", "dtype", "cpu_threads", "trainer")
             if saved.get(k) != here[k]
         ]
+        if not same_base_weights(saved.get("base_model_hash"), here["base_model_hash"], self._engine.model):
+            diffs.append(
+                f"base_model_hash: checkpoint {saved.get('base_model_hash')!r} != session {here['base_model_hash']!r}"
+            )
         diffs += [
             f"training config {k}: checkpoint {v[0]!r} != session {v[1]!r}"
             for k, v in _dict_diff(saved.get("training", {}), here["training"]).items()

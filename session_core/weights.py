@@ -40,7 +40,14 @@ from prefect_gliner2.session_core.layout import (
     MODEL_WEIGHTS_INDEX_FILE,
     WEIGHTS_FILE,
 )
-from prefect_gliner2.session_core.state import base_weights, canonical_name, read_tensors, tensors_digest
+from prefect_gliner2.session_core.state import (
+    base_weights,
+    canonical_name,
+    read_tensors,
+    same_base_weights,
+    tensors_digest,
+    weights_digest,
+)
 from prefect_gliner2.session_core.storage import directory_commit, interrupted_commit, is_local, resolve
 from prefect_gliner2.session_core.tempcopies import TEMP_PREFIX, clean_stale_temp
 from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
@@ -159,7 +166,7 @@ def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
         )
     if saved_lora:
         saved_base = meta.get("compat", {}).get("base_model_hash")
-        if saved_base != session.provenance["base_model_hash"]:
+        if not same_base_weights(saved_base, session.provenance["base_model_hash"], session.model):
             raise AdapterMismatchError(
                 f"the adapter in {uri} was trained on base weights {str(saved_base)[:12]}, this session's base is "
                 f"{session.provenance['base_model_hash'][:12]}; load the same base model first"
@@ -181,7 +188,7 @@ def _copy_base(session: TrainingSession, tensors: Mapping[str, torch.Tensor], ur
     live = {canonical_name(n): t for n, t in session.model.state_dict().items() if "lora_" not in n}
     _check_and_copy(live, tensors, uri)
     if session.is_lora:
-        session.provenance["base_model_hash"] = tensors_digest(base_weights(session.model))
+        session.provenance["base_model_hash"] = weights_digest(base_weights(session.model))
 
 
 def _check_and_copy(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], uri: str) -> None:
