@@ -6,6 +6,7 @@ import errno
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,9 @@ def test_answers_sent_ahead_survive_the_exit_of_a_worker_that_raised(run: dict[s
         tickets = [worker.submit(first), worker.submit(second)]
         pid = worker.pid
         assert pid is not None and pid_gone(pid, timeout=120)  # exited after raising
+        deadline = time.monotonic() + 30  # the parent's reader may take the last answers a moment after the exit
+        while not all(ticket.done() for ticket in tickets) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert worker.answered(first) and worker.answered(second) and tickets[1].done()
         assert worker.call(first).cursor == 4
         with pytest.raises(StorageFullError, match="ENOSPC"):
