@@ -11,8 +11,12 @@ range in pyproject.toml (README: "Prefect internals we touch").
 Busy servers: on SQLite, a write that reads first (the labels PATCH reads the run, then updates it) fails at once
 when another write commits in between, and the server answers 503. Prefect's client then waits 2, 4, 8 ... s
 before trying again, which held a finished run's last labels update for up to 30 s while the server was still
-recording the run's task states. A lane made with ``own_retries`` turns the client's retries off and its jobs' calls go
-through ``retry_busy``: again after 50 ms, doubling to at most 0.5 s, until done or out of time.
+recording the run's task states. Prefect 3.9's client sleeps that back-off even with its retries set to 0 (it
+sleeps after a retryable answer, then finds no attempt left). A lane made with ``own_retries`` therefore turns the
+client's retries off *and* gives its HTTP client a response hook (httpx's public ``event_hooks``, passed through
+``get_client(httpx_settings=...)``) that raises ``ServerBusy`` on a busy answer before the client's retry loop sees
+it; its jobs' calls go through ``retry_busy``: again after 50 ms, doubling to at most 0.5 s, until done or out of
+time.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from prefect_gliner2.flows.report_text import artifact_key, finite_or_none
 __all__ = [
     "ArtifactSlots",
     "BusyRetrying",
+    "ServerBusy",
     "Job",
     "Lane",
     "flow_run_name",
@@ -49,6 +54,20 @@ ARTIFACT_TYPES = {"progress": "progress", "validation": "table"}  # anything els
 BUSY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
 #: Answers that mean "busy, try again": 503 (SQLite locked), 429 (rate limited).
 BUSY_STATUS = (429, 503)
+
+
+class ServerBusy(Exception):
+    """The server answered busy (``BUSY_STATUS``); raised by a lane's response hook so that Prefect's client does not
+    sleep its own back-off first (see the module docstring)."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(f"{response.request.method} {response.request.url.path}: {response.status_code} (server busy)")
+        self.status_code = response.status_code
+
+
+def _raise_busy(response: Any) -> None:
+    if response.status_code in BUSY_STATUS:
+        raise ServerBusy(response)
 
 
 class Lane:
@@ -92,7 +111,8 @@ class Lane:
             stack.enter_context(self.settings)
             if self.own_retries is not None:
                 stack.enter_context(temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}))
-            client = stack.enter_context(get_client(sync_client=True))
+            hooks = {"event_hooks": {"response": [_raise_busy]}} if self.own_retries is not None else None
+            client = stack.enter_context(get_client(httpx_settings=hooks, sync_client=True))
             self._run_jobs(client if self.own_retries is None else BusyRetrying(client, self.own_retries))
 
     def _run_jobs(self, client: Any) -> None:
@@ -120,7 +140,7 @@ def retry_busy(call: Callable[[], Any], *, limit: float) -> Any:
     while True:
         try:
             return call()
-        except (PrefectHTTPStatusError, httpx.TransportError) as exc:
+        except (PrefectHTTPStatusError, httpx.TransportError, ServerBusy) as exc:
             busy = not isinstance(exc, PrefectHTTPStatusError) or exc.response.status_code in BUSY_STATUS
             pause = BUSY_PAUSES[min(attempt, len(BUSY_PAUSES) - 1)]
             if not busy or time.monotonic() + pause > deadline:

@@ -111,8 +111,8 @@ class RunReporter:
         self.message_interval = message_interval
         self.state: dict[str, Any] = {"cursor": 0, "step": 0, "epoch": 0, "loss": None, "learning_rate": None}
         self._push_queued = self._labels_queued = self._final = False
-        self._ui = Lane("gliner2-reporter", run_key) if flow_run_id is not None else None
-        # labels: short retries of our own (the client's 2-8 s back-off held the final flush; see prefect_ui)
+        # both lanes: short retries of our own (the client's 2-8 s back-off held the final flush; see prefect_ui)
+        self._ui = Lane("gliner2-reporter", run_key, own_retries=30.0) if flow_run_id is not None else None
         self._labels = Lane("gliner2-labels", run_key, own_retries=30.0) if flow_run_id is not None else None
 
     # ---- events from the driver ----------------------------------------------------------------------------

@@ -80,3 +80,79 @@ def test_a_labels_lane_turns_the_clients_own_retries_off() -> None:
         assert lane.close(30)
     assert seen == {"plain": (default, "SyncPrefectClient"), "labels": (0, "BusyRetrying")}
     assert default > 0 and PREFECT_CLIENT_MAX_RETRIES.value() == default  # this thread's settings untouched
+
+
+class _BusyServer:
+    """A loopback HTTP server that answers the first `busy` PATCHes with 503 (what Prefect's server answers when
+    SQLite is locked), then 204; it records when each PATCH arrived."""
+
+    def __init__(self, busy: int) -> None:
+        import http.server
+        import threading
+
+        self.busy, self.patches = busy, []
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                owner.patches.append((time.monotonic(), self.path))
+                code = 503 if len(owner.patches) <= owner.busy else 204
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:  # noqa: N802 - the client's CSRF token request: 404 (no CSRF, as in 3.9's own
+                self.send_response(404)  # test servers)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_lane_with_its_own_retries_never_sleeps_the_clients_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect's client sleeps its 2 s back-off after a busy answer even with its retries at 0: the lane's response
+    hook stops it first, so a labels update the server refuses twice lands after two short pauses, not seconds."""
+    import threading
+    import uuid
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    sleeps: list[tuple[str, float]] = []
+    real_sleep = time.sleep
+
+    def recording_sleep(seconds: float) -> None:
+        sleeps.append((threading.current_thread().name, seconds))
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", recording_sleep)
+    server = _BusyServer(busy=2)
+    try:
+        with temporary_settings({PREFECT_API_URL: server.url}):
+            lane = Lane("test-busy-labels", "key", own_retries=10.0)
+        run_id = uuid.uuid4()
+        errors: list[BaseException] = []
+
+        def job(client: object) -> None:
+            try:
+                client.update_flow_run_labels(run_id, {"a": 1})  # type: ignore[attr-defined]
+            except BaseException as exc:  # the lane would only log it: keep it for the assertion
+                errors.append(exc)
+
+        lane.submit(job)
+        assert lane.close(30)
+    finally:
+        server.close()
+    assert not errors
+    assert [path for _, path in server.patches] == [f"/api/flow_runs/{run_id}/labels"] * 3  # 2 busy, then done
+    lane_sleeps = [seconds for name, seconds in sleeps if name == "test-busy-labels"]
+    assert lane_sleeps == list(prefect_ui.BUSY_PAUSES[:2])  # our two short pauses, never the client's back-off
