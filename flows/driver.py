@@ -112,8 +112,8 @@ def drive(
             checkpoints.commit()
             return outcome
         if pipeline_depth:
-            _presubmit(run, pending, sent, background_checkpoints)
-            if exhausted and then is not None and run.worker.alive:
+            all_sent = _presubmit(run, pending, sent, background_checkpoints, checkpoints.waiting is not None)
+            if exhausted and all_sent and then is not None and run.worker.alive:
                 run.worker.submit(then)  # joined by the export task (or re-sent by it)
         unit = pending.popleft()
         if unit.kind == "checkpoint":
@@ -163,16 +163,30 @@ def _observe(grain: TaskGrain, result: AdvanceResult) -> None:
         )
 
 
-def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str], background: bool) -> None:
+def _presubmit(run: LiveRun, pending: deque[Unit], sent: dict[Unit, str], background: bool, uncommitted: bool) -> bool:
+    """Send the pending units ahead, in order; True when all of them are sent to the live incarnation.
+
+    With background checkpoints, a checkpoint unit is not sent ahead while an earlier background checkpoint is not
+    committed (`uncommitted`: one awaits its commit; or an earlier pending unit is a checkpoint): the flow's commit
+    of the earlier one must reach the worker before the later write starts, or a failure of the later write (raised
+    by whatever operation follows it, after which the worker exits) could leave a durable checkpoint uncommitted.
+    The units behind it wait too (the worker executes in sending order)."""
     worker = run.worker
     if not worker.alive:
-        return  # the next task restarts it (and logs why); pre-sending resumes after that
+        return False  # the next task restarts it (and logs why); pre-sending resumes after that
     incarnation = worker.incarnation
+    if incarnation is None:
+        return False
     for unit in pending:
-        if incarnation is None or sent.get(unit) == incarnation:
+        if background and unit.kind == "checkpoint":
+            if uncommitted:
+                return False  # sent by its own task, after the driver committed the earlier one
+            uncommitted = True
+        if sent.get(unit) == incarnation:
             continue
         worker.submit(unit_op(unit, run.run_dir, background=background))
         sent[unit] = incarnation
+    return True
 
 
 def _final_checkpoint(

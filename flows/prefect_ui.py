@@ -14,9 +14,9 @@ before trying again, which held a finished run's last labels update for up to 30
 recording the run's task states. Prefect 3.9's client sleeps that back-off even with its retries set to 0 (it
 sleeps after a retryable answer, then finds no attempt left). A lane made with ``own_retries`` therefore turns the
 client's retries off *and* gives its HTTP client a response hook (httpx's public ``event_hooks``, passed through
-``get_client(httpx_settings=...)``) that raises ``ServerBusy`` on a busy answer before the client's retry loop sees
-it; its jobs' calls go through ``retry_busy``: again after 50 ms, doubling to at most 0.5 s, until done or out of
-time.
+``get_client(httpx_settings=...)``) that raises httpx's ``HTTPStatusError`` on a busy answer before the client's
+retry loop sees it; its jobs' calls go through ``retry_busy``: again after 50 ms, doubling to at most 0.5 s, until
+done or out of time.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from prefect_gliner2.flows.report_text import artifact_key, finite_or_none
 __all__ = [
     "ArtifactSlots",
     "BusyRetrying",
-    "ServerBusy",
     "Job",
     "Lane",
     "flow_run_name",
@@ -56,18 +55,18 @@ BUSY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
 BUSY_STATUS = (429, 503)
 
 
-class ServerBusy(Exception):
-    """The server answered busy (``BUSY_STATUS``); raised by a lane's response hook so that Prefect's client does not
-    sleep its own back-off first (see the module docstring)."""
-
-    def __init__(self, response: Any) -> None:
-        super().__init__(f"{response.request.method} {response.request.url.path}: {response.status_code} (server busy)")
-        self.status_code = response.status_code
-
-
 def _raise_busy(response: Any) -> None:
+    """A lane's response hook: a busy answer (``BUSY_STATUS``) raises httpx's HTTPStatusError at once, so that
+    Prefect's client does not sleep its own back-off first (see the module docstring); ``retry_busy`` retries it."""
     if response.status_code in BUSY_STATUS:
-        raise ServerBusy(response)
+        import httpx
+
+        request = response.request
+        raise httpx.HTTPStatusError(
+            f"{request.method} {request.url.path}: {response.status_code} (server busy)",
+            request=request,
+            response=response,
+        )
 
 
 class Lane:
@@ -133,15 +132,14 @@ def retry_busy(call: Callable[[], Any], *, limit: float) -> Any:
     (``BUSY_STATUS``) or cannot be reached, for at most `limit` seconds; returns what it returns. The last error is
     raised when time runs out; any other error at once."""
     import httpx
-    from prefect.exceptions import PrefectHTTPStatusError
 
     deadline = time.monotonic() + limit
     attempt = 0
     while True:
         try:
             return call()
-        except (PrefectHTTPStatusError, httpx.TransportError, ServerBusy) as exc:
-            busy = not isinstance(exc, PrefectHTTPStatusError) or exc.response.status_code in BUSY_STATUS
+        except (httpx.HTTPStatusError, httpx.TransportError) as exc:  # PrefectHTTPStatusError is an HTTPStatusError
+            busy = not isinstance(exc, httpx.HTTPStatusError) or exc.response.status_code in BUSY_STATUS
             pause = BUSY_PAUSES[min(attempt, len(BUSY_PAUSES) - 1)]
             if not busy or time.monotonic() + pause > deadline:
                 raise

@@ -270,7 +270,7 @@ def _digest_into(digest: Any, tensors: Iterable[tuple[str, torch.Tensor]]) -> No
     for name, tensor in sorted(tensors, key=lambda item: item[0]):
         data = tensor.detach().to("cpu").contiguous()
         digest.update(f"{name}|{data.dtype}|{tuple(data.shape)}\n".encode())
-        digest.update(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+        digest.update(data.reshape(-1).view(torch.uint8).numpy().data)
 
 
 def tensors_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:

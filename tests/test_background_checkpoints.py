@@ -148,6 +148,31 @@ def test_background_flow_is_bit_identical_and_commits_every_checkpoint(space: di
 
 
 @pytest.mark.usefixtures("prefect_server")
+def test_a_slow_commit_still_commits_the_durable_checkpoint_before_a_later_write_fails(
+    space: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow's commits lag (each waits 1.5 s, as on a busy machine) while the worker runs ahead through operations
+    sent ahead: the next background checkpoint is not sent before the earlier one is committed, so the failure of
+    its write (raised by the operation after it, after which the worker exits) cannot leave the durable checkpoint
+    before it uncommitted."""
+    from prefect_gliner2.flows import driver
+
+    real_commit = driver.commit_checkpoint
+
+    def slow_commit(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.5)
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "commit_checkpoint", slow_commit)
+    plan = FaultPlan((Fault.os_error("checkpoint-write", 7, errno.ENOSPC, once=str(space["root"] / "enospc-slow")),))
+    with installed_faults(plan), pytest.raises(StorageFullError):
+        run_flow(**_flow(space, "bg-full-slow-commit", execution={"pipeline_depth": 4}))
+    run = space["root"] / "runs" / "bg-full-slow-commit"
+    assert json.loads((run / "cursor.json").read_text())["checkpoint"] == NAMES[1]
+    assert not checkpoint_exists(str(run / "checkpoints" / NAMES[2]))
+
+
+@pytest.mark.usefixtures("prefect_server")
 def test_full_storage_in_a_background_write_fails_the_run_and_keeps_the_cursor(space: dict[str, Any]) -> None:
     plan = FaultPlan((Fault.os_error("checkpoint-write", 7, errno.ENOSPC, once=str(space["root"] / "enospc")),))
     with installed_faults(plan), pytest.raises(StorageFullError):
