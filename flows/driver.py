@@ -12,6 +12,7 @@ Background checkpoints (``background_checkpoints=True``): a checkpoint unit retu
 snapshot, and training goes on while the worker writes it. The driver commits it (``commit checkpoint`` task: the
 durable cursor moves, retention prunes, the event is emitted) as soon as its index exists after a later unit, and
 always before the next checkpoint unit, before an early-stop checkpoint and before the drive ends (the export).
+When pipelining, the next checkpoint unit is not sent ahead before that commit (see ``_presubmit``).
 """
 
 from __future__ import annotations
