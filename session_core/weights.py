@@ -168,8 +168,8 @@ def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
         saved_base = meta.get("compat", {}).get("base_model_hash")
         if not same_base_weights(saved_base, session.provenance["base_model_hash"], session.model):
             raise AdapterMismatchError(
-                f"the adapter in {uri} was trained on base weights {str(saved_base)[:12]}, this session's base is "
-                f"{session.provenance['base_model_hash'][:12]}; load the same base model first"
+                f"the adapter in {uri} was trained on base weights {str(saved_base)[:20]}, this session's base is "
+                f"{session.provenance['base_model_hash'][:20]}; load the same base model first"
             )
         live = {n: p for n, p in session.model.named_parameters() if p.requires_grad}
         _check_and_copy(live, tensors, uri)
