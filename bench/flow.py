@@ -13,15 +13,19 @@ launch to exit):
   flow's plan as the flow trains it: the plan's records with their negative labels (``negative_label_prob``) and
   gliner2's own label shuffling switched on (``shuffle_entity_labels``), so that both do the same arithmetic;
 - flow: ``train_flow(...)`` with default settings (automatic task grain and pipelining, the automatic checkpoint
-  cadence and the epoch end, keep 3, export) against a local Prefect server (SQLite).
+  cadence and the epoch end, keep 3, export) against a local Prefect server (SQLite);
+- native, retaining: the native run again with the memory setting the flow gives its worker (glibc's malloc
+  thresholds raised: ``prefect_gliner2.runtime.spawn.worker_environment``). The flow's worker reuses the memory
+  it frees, which a native run as users start it does not; flow against this run is the flow's own cost with the
+  allocator taken out of the comparison.
 
-Each pair of runs (one native, one flow, the order alternating between pairs) has a fresh Prefect server of its
-own, started before either clock starts and up and idle during both: a user's running server, on the same cores
+Each group of runs (native, flow, native retaining; the order rotating between groups) has a fresh Prefect server of
+its own, started before any clock starts and up and idle during every run: a user's running server, on the same cores
 (about a tenth of a core idle), not the CLI's embedded one. Same data (``tiny_records``), config (batch 4, one
 epoch, seed 3), thread count (``--threads``, default the flow's own default: this machine's usable CPUs) and model
 (the built-in ``tiny:span`` shapes). Validation is off in both (like with like: native validation computes a loss
 only, the flow's also extracts and scores). One plan length per case (about ``--minutes`` of native training),
-``--repeat`` pairs. Printed per case, as median (min-max) over the pairs, and for the ratios the mean with its 95%
+``--repeat`` groups. Printed per case, as median (min-max) over the groups, and for the ratios the mean with its 95%
 t-interval (the resolution the run achieved):
 
 - wall time: flow / native, launch to exit (target <= 1.05 for runs of a few minutes);
@@ -77,6 +81,7 @@ DEVICE: str | None = None  # the flow's execution device (native gliner2 takes C
 RATIO_TARGET = 1.05
 FIRST_BATCH_EXTRA_S = 4.0
 LAST_TO_EXIT_S = 3.0
+VARIANTS = ("native", "flow", "native_retain")
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
 
 _NATIVE = """
@@ -208,10 +213,16 @@ def launch(script: str, env: dict[str, str], server: list[Any]) -> dict[str, flo
     }
 
 
-def native_run(model: str, data: str, threads: int, work: Path, server: list[Any]) -> dict[str, float]:
+def native_run(
+    model: str, data: str, threads: int, work: Path, server: list[Any], *, retain: bool = False
+) -> dict[str, float]:
+    """gliner2's own train() in a fresh interpreter; `retain`: with the memory setting of the flow's worker."""
+    from prefect_gliner2.runtime.spawn import worker_environment
+
     out = tempfile.mkdtemp(prefix="native-", dir=work)
     script = _NATIVE.format(threads=threads, data=data, config=CONFIG, out=out, model=model)
-    return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), **ENV), server)
+    memory = worker_environment({}) if retain else {}
+    return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), **ENV, **memory), server)
 
 
 def flow_run(
@@ -224,8 +235,8 @@ def flow_run(
 
 
 def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, work: Path) -> dict[str, Any]:
-    """`--repeat` pairs of runs of one plan length, native and flow, each pair beside one fresh idle Prefect server
-    (up during both runs: a user's server; started before the clock), the order alternating between pairs."""
+    """`--repeat` groups of runs of one plan length (native, flow, native retaining), each group beside one fresh
+    idle Prefect server (up during every run: a user's server; started before the clock), the order rotating."""
     import psutil
 
     from support.prefect_harness import local_prefect_server
@@ -233,18 +244,19 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
     step = step_seconds(case["model"], threads, work)
     length = max(8, int(args.minutes * 60 / step))
     data = write_data(work / f"train-{length}.jsonl", length)
-    runs: dict[str, list[dict[str, float]]] = {"native": [], "flow": []}
+    runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     for repeat in range(args.repeat):
         with local_prefect_server() as api:
             server = psutil.Process().children(recursive=True)
-            order = ("native", "flow") if repeat % 2 == 0 else ("flow", "native")
+            order = VARIANTS[repeat % 3 :] + VARIANTS[: repeat % 3]
             for variant in order:
-                if variant == "native":
-                    runs["native"].append(native_run(case["model"], data, threads, work, server))
+                if variant != "flow":
+                    retain = variant == "native_retain"
+                    runs[variant].append(native_run(case["model"], data, threads, work, server, retain=retain))
                 else:
                     key = f"{case['model'].replace(':', '-')}-{length}-{repeat}"
                     runs["flow"].append(flow_run(case["model"], data, threads, work, key, api, server))
-        print(f"  {case['name']}: {length} batches, pair {repeat + 1} done", file=sys.stderr, flush=True)
+        print(f"  {case['name']}: {length} batches, group {repeat + 1} done", file=sys.stderr, flush=True)
     return {"case": case["name"], "model": case["model"], "step_s": step, "batches": length, "runs": runs}
 
 
@@ -253,21 +265,29 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
     last batch mark) and the CPU seconds (all processes, the server's included); and each run's fixed costs."""
     native, flow = result["runs"]["native"], result["runs"]["flow"]
 
-    def paired(key: Callable[[dict[str, float]], float]) -> list[float]:
-        return [key(f) / key(n) for f, n in zip(flow, native, strict=True)]
+    retaining = result["runs"].get("native_retain") or []
+
+    def paired(key: Callable[[dict[str, float]], float], base: list[dict[str, float]] = native) -> list[float]:
+        return [key(f) / key(n) for f, n in zip(flow, base, strict=True)]
 
     out: dict[str, Any] = {
         "ratio": paired(lambda r: r["total"]),
         "per_batch_ratio": paired(lambda r: r["per_batch"]),
         "cpu_ratio": paired(lambda r: r["cpu"] + r["server_cpu"]),
     }
+    variants = ["native", "flow"]
+    if retaining:
+        out["retain_ratio"] = paired(lambda r: r["total"], retaining)
+        out["retain_per_batch_ratio"] = paired(lambda r: r["per_batch"], retaining)
+        variants.append("native_retain")
     for key in ("per_batch", "first", "tail", "total", "cpu", "server_cpu"):
-        out[key] = {variant: [r[key] for r in result["runs"][variant]] for variant in ("native", "flow")}
+        out[key] = {variant: [r[key] for r in result["runs"][variant]] for variant in variants}
     out["fixed"] = {
         variant: [r["total"] - r["per_batch"] * result["batches"] for r in result["runs"][variant]]
-        for variant in ("native", "flow")
+        for variant in variants
     }
-    out["interval"] = {key: interval(out[key]) for key in ("ratio", "per_batch_ratio", "cpu_ratio")}
+    ratios = [key for key in out if key.endswith("ratio")]
+    out["interval"] = {key: interval(out[key]) for key in ratios}
     return out
 
 
@@ -321,6 +341,22 @@ def report(result: dict[str, Any]) -> list[str]:
         f"{FIRST_BATCH_EXTRA_S:g} s: {'met' if first_extra <= FIRST_BATCH_EXTRA_S else 'NOT met'}",
         f"  last batch to exit s, native / flow   {both('tail')}   target: flow <= {LAST_TO_EXIT_S:g} s: "
         f"{'met' if tail <= LAST_TO_EXIT_S else 'NOT met'}",
+    ] + retaining_lines(figures)
+
+
+def retaining_lines(figures: dict[str, Any]) -> list[str]:
+    """The flow against native runs given the worker's memory setting: the flow's cost without the allocator."""
+    if "retain_ratio" not in figures:
+        return []
+    retain = figures["total"]["native_retain"]
+    per_batch = [x * 1e3 for x in figures["per_batch"]["native_retain"]]
+    return [
+        f"  native with the worker's memory setting: wall {spread(retain, '.1f')} s, per batch "
+        f"{spread(per_batch, '.1f')} ms",
+        f"  flow/that native, wall time            {spread(figures['retain_ratio'], '.3f'):>24}   "
+        f"{figures['interval']['retain_ratio']}",
+        f"  flow/that native, per batch            {spread(figures['retain_per_batch_ratio'], '.3f'):>24}   "
+        f"{figures['interval']['retain_per_batch_ratio']}",
     ]
 
 
@@ -329,7 +365,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="runs of ~10 s, one repeat (checks the script)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--minutes", type=float, default=2.0, help="native training time of each run")
-    parser.add_argument("--repeat", type=int, default=3, help="pairs of runs (native, flow), order alternating")
+    parser.add_argument("--repeat", type=int, default=3, help="groups of runs (native, flow, native retaining)")
     parser.add_argument("--threads", type=int, help="torch threads of both (default: the flow's default)")
     parser.add_argument("--json", help="also write the raw runs and figures as JSON to this file")
     parser.add_argument("--device", help="cpu or cuda for the flow's worker (native gliner2 uses CUDA when present)")
@@ -348,7 +384,8 @@ def main() -> None:
     print(
         f"flow (default settings) vs native ExtractorTrainer.train(), validation off in both, {threads} torch "
         f"thread(s), {DEVICE or 'default device'}, {'bf16' if args.bf16 else 'fp32'}; median (min-max) of "
-        f"{args.repeat} pair(s) of runs, the order alternating, each pair beside its own idle Prefect server"
+        f"{args.repeat} group(s) of runs (native, flow, native retaining), the order rotating, each group beside its "
+        "own idle Prefect server"
     )
     with tempfile.TemporaryDirectory(prefix="bench-flow-", dir=os.environ.get("BENCH_TMP")) as tmp:
         for key in args.cases.split(","):

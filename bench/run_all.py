@@ -160,6 +160,17 @@ def flow_rows(results: list[dict[str, Any]]) -> list[Row]:
                 "flow <= 3 s)",
             ),
         ]
+        if "retain_ratio" in f:
+            retain = f"{_median_range(f['total']['native_retain'], '.1f')} s"
+            out.append(
+                (
+                    f"flow vs native given the worker's memory setting (glibc thresholds raised), wall time ({name})",
+                    _median_range(f["retain_ratio"]),
+                    f"that native {retain}; {f['interval']['retain_ratio']}; per batch "
+                    f"{_median_range(f['retain_per_batch_ratio'])} ({f['interval']['retain_per_batch_ratio']}): "
+                    "the flow's own cost, the allocator taken out",
+                )
+            )
     return out
 
 
