@@ -32,6 +32,8 @@ t-interval (the resolution the run achieved):
 - per batch: inside each run, the time from its first to its last batch mark over the batches between them (native:
   optimizer steps returned; flow: training tasks' results reaching the flow, so task boundaries, checkpoints and
   progress reports are inside), flow / native (target <= 1.05); the fixed cost is the rest of the wall time;
+- at 5 minutes: the wall-time ratio of a run of 5 minutes of native training, computed from each group's measured
+  fixed costs and costs per batch (the runs themselves last ``--minutes``);
 - CPU seconds: of every process (the run and its children, plus what the Prefect server spent meanwhile), flow /
   native; less sensitive than wall time to what else the machine does;
 - first batch: launch to the first batch trained (native: its first optimizer step returned; flow: the first
@@ -81,6 +83,7 @@ DEVICE: str | None = None  # the flow's execution device (native gliner2 takes C
 RATIO_TARGET = 1.05
 FIRST_BATCH_EXTRA_S = 4.0
 LAST_TO_EXIT_S = 3.0
+EXTRAPOLATE_MINUTES = 5.0
 VARIANTS = ("native", "flow", "native_retain")
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
 
@@ -286,9 +289,22 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         variant: [r["total"] - r["per_batch"] * result["batches"] for r in result["runs"][variant]]
         for variant in variants
     }
+    for key, base in (("minutes_ratio", "native"), ("retain_minutes_ratio", "native_retain")):
+        if base in variants:
+            costs = zip(
+                out["fixed"]["flow"], out["per_batch"]["flow"], out["fixed"][base], out["per_batch"][base], strict=True
+            )
+            out[key] = [minutes_ratio(*group) for group in costs]
     ratios = [key for key in out if key.endswith("ratio")]
     out["interval"] = {key: interval(out[key]) for key in ratios}
     return out
+
+
+def minutes_ratio(fixed_flow: float, batch_flow: float, fixed_native: float, batch_native: float) -> float:
+    """Flow / native wall time of a run of ``EXTRAPOLATE_MINUTES`` of native training, from one group's measured
+    fixed costs and costs per batch (the run lengths the goal names, without running them)."""
+    batches = EXTRAPOLATE_MINUTES * 60 / batch_native
+    return (fixed_flow + batches * batch_flow) / (fixed_native + batches * batch_native)
 
 
 def spread(values: list[float], fmt: str = ".2f") -> str:
@@ -328,6 +344,10 @@ def report(result: dict[str, Any]) -> list[str]:
         f"{figures['interval']['ratio']}; target <= {RATIO_TARGET}: {verdict(figures['ratio'])}",
         f"  per batch, flow/native                {spread(figures['per_batch_ratio'], '.3f'):>24}   "
         f"{figures['interval']['per_batch_ratio']}; target <= {RATIO_TARGET}: {verdict(figures['per_batch_ratio'])}",
+        f"  {EXTRAPOLATE_MINUTES:g}-minute run, flow/native             "
+        f"{spread(figures['minutes_ratio'], '.3f'):>24}   "
+        f"{figures['interval']['minutes_ratio']}; the measured fixed and per-batch costs over a run of "
+        f"{EXTRAPOLATE_MINUTES:g} minutes of native training",
         f"  CPU seconds, flow/native              {spread(figures['cpu_ratio'], '.3f'):>24}   "
         f"{figures['interval']['cpu_ratio']} (every process, the idle server's included in both)",
         f"  wall s, native / flow                 {both('total', fmt='.1f')}",
@@ -357,6 +377,8 @@ def retaining_lines(figures: dict[str, Any]) -> list[str]:
         f"{figures['interval']['retain_ratio']}",
         f"  flow/that native, per batch            {spread(figures['retain_per_batch_ratio'], '.3f'):>24}   "
         f"{figures['interval']['retain_per_batch_ratio']}",
+        f"  flow/that native, {EXTRAPOLATE_MINUTES:g}-minute run        "
+        f"{spread(figures['retain_minutes_ratio'], '.3f'):>24}   {figures['interval']['retain_minutes_ratio']}",
     ]
 
 
