@@ -6,7 +6,8 @@
     python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
 
 Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py: the flow against native
-train() at three step times, runs of ~2 min, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the
+train() at three step times, runs of ~2 min, bench/memory.py: updates with and without the worker's memory
+setting, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the
 gliner2-base shape, ~5 GB of RAM); its figures are parsed from its --json output where it has one, else from its
 printed table. The report holds the command, the
 machine (CPU model, cores, torch version), one table of ratios and every script's raw output.
@@ -181,6 +182,30 @@ def flow_rows(results: list[dict[str, Any]]) -> list[Row]:
     return out
 
 
+def memory_rows(results: list[dict[str, Any]]) -> list[Row]:
+    """bench/memory.py --json: training updates with glibc's defaults and with the worker's memory setting."""
+    import statistics
+
+    out: list[Row] = []
+    for r in results:
+
+        def both(key: str, scale: float, fmt: str, r: dict[str, Any] = r) -> str:
+            default, retain = ([x[key] * scale for x in r["runs"][v]] for v in ("default", "retain"))
+            return f"{_median_range(retain, fmt)} vs {_median_range(default, fmt)}"
+
+        out.append(
+            (
+                f"training update with the worker's memory setting vs glibc's default ({r['shape']}: {r['model']})",
+                _median_range(r["ratio"]),
+                f"{both('step', 1e3, '.0f')} ms per update; page faults per update {both('faults', 1, '.0f')}; peak "
+                f"RSS {both('peak', 1 / 2**20, '.0f')} MB; weights "
+                f"{'bitwise equal' if r['same_bits'] else 'DIFFER'} ({len(r['ratio'])} pairs, "
+                f"median step {statistics.median(x['step'] for x in r['runs']['default']):.2f} s)",
+            )
+        )
+    return out
+
+
 def plan_rows(output: str) -> list[Row]:
     out: list[Row] = []
     for line in output.splitlines():
@@ -332,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         help="arguments for bench/chaos.py (default: all four cases, all kill kinds, storage faults)",
     )
     parser.add_argument(
-        "--skip", default="", help="comma-separated benchmarks to skip: plan,session,flow,checkpoint,chaos,realsize"
+        "--skip",
+        default="",
+        help="comma-separated benchmarks to skip: plan,session,flow,memory,checkpoint,chaos,realsize",
     )
     parser.add_argument("--flow-repeat", type=int, default=3, help="pairs of runs of bench/flow.py")
     parser.add_argument("--flow-minutes", type=float, default=1.0, help="bench/flow.py's native run, in minutes")
@@ -356,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             raw[f"bench/flow.py {' '.join(flow_args)}"] = out
             if code == 0:
                 rows += flow_rows(json.loads(Path(f"{tmp}/flow.json").read_text()))
+        if "memory" not in skip:
+            out, _, code = run("memory.py", "--json", f"{tmp}/memory.json", timeout=1800)
+            raw["bench/memory.py"] = out
+            if code == 0:
+                rows += memory_rows(json.loads(Path(f"{tmp}/memory.json").read_text()))
         if "checkpoint" not in skip:
             out, _, code = run("checkpoint_cost.py", "--json", f"{tmp}/checkpoint.json", timeout=600)
             raw["bench/checkpoint_cost.py"] = out
