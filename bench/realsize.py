@@ -20,6 +20,10 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
   of the index check and of the full streamed verification the flow process did before (`read_checkpoint`).
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
+- resume in a worker-like process: the same comparison in fresh interpreters started with the session worker's
+  environment (``worker_environment``: its memory setting), each timed from after its imports (the same in both)
+  through the session build, the verified load (resume only) and the first batch: what a restarted worker does.
+  The in-process figure above reuses memory the previous sessions of this process freed; a worker never can.
 - bg vs block: training seconds lost per checkpoint written in the background vs synchronously (bench/overlap.py's
   `checkpoint_overlap`, on a fresh session; `--overlap-rounds 0` skips it).
 - flow-process RSS during a resume: `bench/flow_side_resume.py`, a separate process, imports what a flow process
@@ -270,6 +274,8 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     row.update(resume(model_dir, cfg, plan, args, ckpt))
     progress(row)
+    row.update(resume_in_worker(model_dir, cfg, plan, args, ckpt))
+    progress(row)
     row.update(flow_side_rss(ckpt, plan, tmp))
     progress(row)
     shutil.rmtree(model_dir)
@@ -312,6 +318,76 @@ def resume(
         **ratios("resume_ratio", resumed, fresh),
         "index_check_s": index_s,
         "verify_s": verify_s,
+    }
+
+
+_WORKER_START = """
+import json, sys, time
+started = time.perf_counter()
+import torch
+torch.set_num_threads({threads})
+from gliner2.auto import AutoExtractor
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.session_core.checkpoint import open_checkpoint
+from prefect_gliner2.session_core.tiny import tiny_records
+imported = time.perf_counter()
+cfg = TrainingConfig.from_dict({config!r})
+plan = ManagedTrainingPlan(tiny_records({records}, seed=3), cfg, architecture={arch!r})
+if {restore!r}:
+    open_checkpoint({ckpt!r}, min_version=1)
+session = TrainingSession(AutoExtractor.from_pretrained({model!r}), cfg, max_steps=plan.max_steps, device={device!r})
+built = time.perf_counter()
+if {restore!r}:
+    session.load_state({ckpt!r})
+loaded = time.perf_counter()
+session.forward_backward(plan.batch({batch}))
+if {device!r}.startswith("cuda"):
+    torch.cuda.synchronize()
+done = time.perf_counter()
+print("BENCH " + json.dumps({{"imports": imported - started, "build": built - imported, "load": loaded - built,
+                              "first_batch": done - loaded, "total": done - imported}}))
+"""
+
+
+def resume_in_worker(
+    model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, args: argparse.Namespace, ckpt: Path
+) -> dict[str, Any]:
+    """The resume as a worker does it: a fresh interpreter with the worker's environment (its memory setting)
+    builds the session, loads the checkpoint and trains the first batch, against one that builds and trains the
+    same batch; timed from after the imports (the same in both) to the batch done. Interleaved `--repeats`."""
+    from prefect_gliner2.runtime.spawn import worker_environment
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), **worker_environment())
+
+    def start(restore: bool) -> dict[str, float]:
+        script = _WORKER_START.format(
+            threads=torch.get_num_threads(),
+            config=cfg.to_dict(),
+            records=4 * args.steps + 8,
+            arch=plan.architecture,
+            restore=restore,
+            ckpt=str(ckpt),
+            model=str(model_dir),
+            device=args.device,
+            batch=2 * args.steps + 3,
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+        line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+        if done.returncode != 0 or line is None:
+            raise SystemExit(f"worker-like start failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        return dict(json.loads(line[6:]))
+
+    fresh, resumed = [], []
+    for _ in range(args.repeats):
+        fresh.append(start(False))
+        resumed.append(start(True))
+    return {
+        **figures("worker_fresh_s", [r["total"] for r in fresh]),
+        **figures("worker_resume_s", [r["total"] for r in resumed]),
+        **ratios("worker_resume_ratio", [r["total"] for r in resumed], [r["total"] for r in fresh]),
+        **figures("worker_load_s", [r["load"] for r in resumed]),
+        **figures("worker_fresh_batch_s", [r["first_batch"] for r in fresh]),
+        **figures("worker_resume_batch_s", [r["first_batch"] for r in resumed]),
     }
 
 
@@ -427,11 +503,29 @@ def print_all(rows: list[dict[str, Any]]) -> None:
                 f"{r['overlap_bg_steps']:8.0f}"
             )
     print("bg vs block: training time lost per checkpoint, background / synchronous write (bench/overlap.py)")
+    print_worker_resume(rows)
     print_flow_side(rows)
 
 
 def _overlap_cell(row: dict[str, Any]) -> str:
     return f"{row['overlap_bg_vs_sync']:.2f}" if "overlap_bg_vs_sync" in row else "skipped"
+
+
+def print_worker_resume(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"\n{'arch':9} {'worker fresh s':>17} {'worker resume s':>17} {'resume/fresh':>18} {'of it load s':>17} "
+        f"{'batch s fresh':>17} {'batch s resume':>17}"
+    )
+    for r in rows:
+        print(
+            f"{r['arch']:9} {spread(r, 'worker_fresh_s'):>17} {spread(r, 'worker_resume_s'):>17} "
+            f"{spread(r, 'worker_resume_ratio'):>18} {spread(r, 'worker_load_s'):>17} "
+            f"{spread(r, 'worker_fresh_batch_s'):>17} {spread(r, 'worker_resume_batch_s'):>17}"
+        )
+    print(
+        "worker: each start a fresh interpreter with the worker's environment (its memory setting), timed from after "
+        "its imports to the first batch done; target resume/fresh <= 1.2"
+    )
 
 
 def print_flow_side(rows: list[dict[str, Any]]) -> None:
@@ -453,6 +547,7 @@ def print_resume(rows: list[dict[str, Any]]) -> None:
             f"{spread(r, 'resume_ratio'):>18}"
         )
     print("index s: the flow process's damage check now; verify s: the full verification it did before (not run)")
+    print_worker_resume(rows)
     print_flow_side(rows)
 
 

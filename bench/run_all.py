@@ -316,6 +316,16 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
                 f"of it added by the resume steps {r['flow_resume_extra_mb']:.1f} MB; target < 300 MB",
             ),
         ]
+        if "worker_resume_ratio" in r:
+            out.append(
+                (
+                    f"resume in a fresh worker-like process (its memory setting) vs a fresh start there ({name})",
+                    _spread(r, "worker_resume_ratio"),
+                    f"{_spread(r, 'worker_resume_s')} s vs {_spread(r, 'worker_fresh_s')} s after the imports; of it "
+                    f"the load {_spread(r, 'worker_load_s')} s, the first batch "
+                    f"{_spread(r, 'worker_resume_batch_s')} s vs {_spread(r, 'worker_fresh_batch_s')} s; target <= 1.2",
+                )
+            )
         if "overlap_bg_vs_sync" in r:
             out.append(
                 (
