@@ -344,8 +344,13 @@ session.forward_backward(plan.batch({batch}))
 if {device!r}.startswith("cuda"):
     torch.cuda.synchronize()
 done = time.perf_counter()
+session.optim_step()
+if {device!r}.startswith("cuda"):
+    torch.cuda.synchronize()
+updated = time.perf_counter()
 print("BENCH " + json.dumps({{"imports": imported - started, "build": built - imported, "load": loaded - built,
-                              "first_batch": done - loaded, "total": done - imported}}))
+                              "first_batch": done - loaded, "total": done - imported,
+                              "first_update": updated - imported}}))
 """
 
 
@@ -388,6 +393,9 @@ def resume_in_worker(
         **figures("worker_load_s", [r["load"] for r in resumed]),
         **figures("worker_fresh_batch_s", [r["first_batch"] for r in fresh]),
         **figures("worker_resume_batch_s", [r["first_batch"] for r in resumed]),
+        **ratios("worker_update_ratio", [r["first_update"] for r in resumed], [r["first_update"] for r in fresh]),
+        **figures("worker_fresh_update_s", [r["first_update"] for r in fresh]),
+        **figures("worker_resume_update_s", [r["first_update"] for r in resumed]),
     }
 
 
@@ -426,6 +434,25 @@ def flow_side_rss(ckpt: Path, plan: ManagedTrainingPlan, tmp: str) -> dict[str, 
     figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     shutil.rmtree(run_dir.path)
     return figures
+
+
+_TOUCH = """
+import time, torch
+torch.set_num_threads({threads})
+started = time.perf_counter()
+block = torch.ones({size}, dtype=torch.uint8)
+print((time.perf_counter() - started) / ({size} / 4096) * 1e6)
+"""
+
+
+def first_touch(gigabytes: float) -> float:
+    """Microseconds per 4 KiB page to allocate and fill `gigabytes` of fresh memory in a fresh interpreter: what
+    every page a load or a first step allocates costs on this machine (on a VM, pages the guest has not used lately
+    can cost several times more than recycled ones)."""
+    size = int(gigabytes * (1 << 30))
+    script = _TOUCH.format(threads=torch.get_num_threads(), size=size)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def hash_speed(size: int = 512 << 20) -> dict[str, float]:
@@ -526,6 +553,12 @@ def print_worker_resume(rows: list[dict[str, Any]]) -> None:
         "worker: each start a fresh interpreter with the worker's environment (its memory setting), timed from after "
         "its imports to the first batch done; target resume/fresh <= 1.2"
     )
+    for r in rows:
+        print(
+            f"{r['arch']:9} to the first optimizer update (a fresh start allocates its AdamW moments there, a resume "
+            f"in its load): {spread(r, 'worker_resume_update_s')} s vs {spread(r, 'worker_fresh_update_s')} s, "
+            f"{spread(r, 'worker_update_ratio')}"
+        )
 
 
 def print_flow_side(rows: list[dict[str, Any]]) -> None:
@@ -579,6 +612,11 @@ def main() -> None:
         f"sha256 {speed['sha256_gbps']:.2f} GB/s in one thread, BLAKE3 {speed['blake3_gbps']:.2f} GB/s in one "
         f"thread and {speed['stream_gbps']:.2f} GB/s as the checkpoints stream it ({speed['hash_threads']} "
         f"threads), memcpy {speed['memcpy_gbps']:.2f} GB/s"
+    )
+    touch = {size: first_touch(size) for size in (2, 8)}
+    print(
+        "first touch of fresh memory in a fresh interpreter: "
+        + ", ".join(f"{size} GB {micro:.2f} us per 4 KiB page" for size, micro in touch.items())
     )
     if args.resume_only:
         print_resume(rows)
