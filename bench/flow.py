@@ -1,7 +1,7 @@
 """The training flow with its default settings against gliner2's own ``ExtractorTrainer.train()`` on the same plan:
 wall-time ratios, the cost per batch (the slope over two run lengths) and the fixed costs, each with its spread.
 
-    python bench/flow.py                 # tiny (~15 ms), ~100 ms and ~1 s steps; runs of ~2 minutes (about 40 min)
+    python bench/flow.py                 # tiny (~15 ms), ~100 ms and ~1 s steps; runs of ~2 minutes (about 60 min)
     python bench/flow.py --quick         # short runs, one repeat: checks the script (a few minutes)
     python bench/flow.py --cases tiny --minutes 3 --repeat 3 --json out.json
 
