@@ -213,6 +213,19 @@ def test_fitted_thresholds_by_default_an_explicit_one_replaces_them_and_long_tex
     assert (summary["texts_chunked"], summary["text_chunks"]) == (len(windows), sum(windows.values()))
 
 
+def test_the_summary_says_how_long_texts_were_handled_and_says_so_plainly_when_none_was_split() -> None:
+    from prefect_gliner2.flows.cli.extract import describe
+
+    base = {"records": 3, "out": "o.jsonl", "reused": 0, "chunks": 1, "chunk_size": 384, "chunk_overlap": 64}
+    base |= {"model": "m", "threshold_source": "0.5"}
+    quiet = describe({**base, "texts_chunked": 0, "text_chunks": 0})
+    assert "  no text was longer than 384 words: none was split" in quiet.splitlines()
+    assert "windows" not in quiet
+    split = describe({**base, "texts_chunked": 2, "text_chunks": 5})
+    assert "2 text(s) longer than 384 words were split into 5 overlapping windows" in split
+    assert "none was split" not in split
+
+
 def test_bad_input_and_conflicting_reruns_are_refused(space: dict[str, Any], tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"txt": "no text"}\n')

@@ -92,11 +92,14 @@ def describe(summary: dict[str, Any]) -> str:
         lines[0] += " (already complete: nothing to do)"
     elif summary["reused"]:
         lines.append(f"  resumed: {summary['reused']} of {summary['chunks']} chunk(s) were done by an earlier run")
-    lines.append(
-        f"  {summary['texts_chunked']} text(s) longer than {summary['chunk_size']} words were split into "
-        f"{summary['text_chunks']} overlapping windows (gliner2's batch_extract_long, overlap "
-        f"{summary['chunk_overlap']}) and merged; nothing was truncated"
-    )
+    if summary["texts_chunked"]:
+        lines.append(
+            f"  {summary['texts_chunked']} text(s) longer than {summary['chunk_size']} words were split into "
+            f"{summary['text_chunks']} overlapping windows (gliner2's batch_extract_long, overlap "
+            f"{summary['chunk_overlap']}) and merged; nothing was truncated"
+        )
+    else:
+        lines.append(f"  no text was longer than {summary['chunk_size']} words: none was split")
     version = f" version {summary['version']}" if summary.get("version") else ""
     lines.append(f"  model {summary['model']}{version}; threshold {summary['threshold_source']}")
     return "\n".join(lines)
