@@ -280,6 +280,16 @@ def tensors_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()
 
 
+def file_tensors_digest(path: str) -> str:
+    """`tensors_digest` of the tensors in the safetensors file at `path` (a local file), read one tensor at a time:
+    the digest of what was written, without holding a second copy of the weights."""
+    digest = hashlib.sha256()
+    with safetensors.safe_open(path, framework="pt") as handle:
+        for name in sorted(handle.keys()):
+            _digest_into(digest, [(name, handle.get_tensor(name))])
+    return digest.hexdigest()
+
+
 def weights_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """`tensors_digest`'s framing hashed with BLAKE3 on the checkpoint hashing threads (several times faster: a
     session hashes its base weights when it is created), as ``blake3:<hex>``."""

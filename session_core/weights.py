@@ -43,6 +43,7 @@ from prefect_gliner2.session_core.layout import (
 from prefect_gliner2.session_core.state import (
     base_weights,
     canonical_name,
+    file_tensors_digest,
     read_tensors,
     same_base_weights,
     tensors_digest,
@@ -267,7 +268,7 @@ def export_weights(
                 _export_copy(copy, staging, merged=merged, lora=session.is_lora)
             finally:
                 del copy
-        info["weights_sha256"] = tensors_digest(safetensors.torch.load_file(str(staging / MODEL_WEIGHTS_FILE)).items())
+        info["weights_sha256"] = file_tensors_digest(str(staging / MODEL_WEIGHTS_FILE))
         commit.commit(json.dumps(info, indent=1, sort_keys=True).encode())
     info["uri"] = uri
     return info
