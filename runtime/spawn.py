@@ -9,7 +9,7 @@ parent's ``__main__`` (a user script). ``reap`` waits for a child to exit and ki
 Children keep the memory they free (``worker_environment``): a training step allocates and frees the same large
 tensors every time (activations, gradients, the embedding's dense gradient), and glibc's default returns blocks of
 128 KiB and more to the kernel on free, so every step faults all of them in again, page by page (measured at the
-gliner2-base shape on 2 cores: ~500,000 page faults and a third of the step in the kernel). With glibc's
+gliner2-base shape on 2 cores: ~480,000 page faults per update, 20-35% of its CPU time in the kernel). With glibc's
 ``mmap_threshold`` and ``trim_threshold`` raised, freed blocks are reused: no faults after the first steps, the same
 bits (allocation addresses never change what torch computes: its CPU tensors are 64-byte aligned either way), and a
 resident set that stays at the run's peak instead of shrinking between steps.
