@@ -16,16 +16,24 @@ def _touch(libc: Any) -> int:
     return int(address)
 
 
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def fault_probe(conn: Any) -> None:
-    """Send (page faults of the second malloc + fill of a block just freed, this process's GLIBC_TUNABLES)."""
+    """Send (page faults of a first malloc + fill of the block, of a second one after freeing it, this process's
+    GLIBC_TUNABLES). The first is the baseline: with huge pages a block faults in far fewer than one per page."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    libc.free(_touch(libc))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = _faults()
     address = _touch(libc)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    first = _faults() - before
     libc.free(address)
-    conn.send((faults, os.environ.get("GLIBC_TUNABLES")))
+    before = _faults()
+    address = _touch(libc)
+    second = _faults() - before
+    libc.free(address)
+    conn.send((first, second, os.environ.get("GLIBC_TUNABLES")))
     conn.close()
