@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from fresh_process import run_bench_script  # noqa: E402  (bench/fresh_process.py, beside this script)
 
 SHAPES = ("768x6", "base")  # bench/flow.py's ~1 s model; the gliner2-base shape (GLINER2_BASE_SIZE), built in code
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
@@ -78,11 +79,7 @@ def one_run(model: str, steps: int, threads: int, retain: bool, tmp: str) -> dic
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", ENV_WORKER_MEMORY)}
     env.update(ENV, PYTHONPATH=str(ROOT), **(worker_environment({}) if retain else {}))
     script = _CHILD.format(threads=threads, out=str(Path(tmp) / "out"), steps=steps, model=model)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-    if done.returncode != 0 or line is None:
-        raise SystemExit(f"benchmark run failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(line[6:])
+    result = run_bench_script(script, env)
     if bool(result["tunables"]) != retain:
         raise SystemExit(f"the run's GLIBC_TUNABLES is {result['tunables']!r}, expected the setting {retain}")
     return result

@@ -60,6 +60,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
+from fresh_process import first_touch, worker_start  # noqa: E402  (bench/fresh_process.py, beside this script)
 from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
@@ -321,66 +322,24 @@ def resume(
     }
 
 
-_WORKER_START = """
-import json, sys, time
-started = time.perf_counter()
-import torch
-torch.set_num_threads({threads})
-from gliner2.auto import AutoExtractor
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-from prefect_gliner2.session_core.checkpoint import open_checkpoint
-from prefect_gliner2.session_core.tiny import tiny_records
-imported = time.perf_counter()
-cfg = TrainingConfig.from_dict({config!r})
-plan = ManagedTrainingPlan(tiny_records({records}, seed=3), cfg, architecture={arch!r})
-if {restore!r}:
-    open_checkpoint({ckpt!r}, min_version=1)
-session = TrainingSession(AutoExtractor.from_pretrained({model!r}), cfg, max_steps=plan.max_steps, device={device!r})
-built = time.perf_counter()
-if {restore!r}:
-    session.load_state({ckpt!r})
-loaded = time.perf_counter()
-session.forward_backward(plan.batch({batch}))
-if {device!r}.startswith("cuda"):
-    torch.cuda.synchronize()
-done = time.perf_counter()
-session.optim_step()
-if {device!r}.startswith("cuda"):
-    torch.cuda.synchronize()
-updated = time.perf_counter()
-print("BENCH " + json.dumps({{"imports": imported - started, "build": built - imported, "load": loaded - built,
-                              "first_batch": done - loaded, "total": done - imported,
-                              "first_update": updated - imported}}))
-"""
-
-
 def resume_in_worker(
     model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, args: argparse.Namespace, ckpt: Path
 ) -> dict[str, Any]:
     """The resume as a worker does it: a fresh interpreter with the worker's environment (its memory setting)
     builds the session, loads the checkpoint and trains the first batch, against one that builds and trains the
     same batch; timed from after the imports (the same in both) to the batch done. Interleaved `--repeats`."""
-    from prefect_gliner2.runtime.spawn import worker_environment
-
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), **worker_environment())
 
     def start(restore: bool) -> dict[str, float]:
-        script = _WORKER_START.format(
+        return worker_start(
+            restore=str(ckpt) if restore else None,
             threads=torch.get_num_threads(),
             config=cfg.to_dict(),
             records=4 * args.steps + 8,
             arch=plan.architecture,
-            restore=restore,
-            ckpt=str(ckpt),
             model=str(model_dir),
             device=args.device,
             batch=2 * args.steps + 3,
         )
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
-        line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-        if done.returncode != 0 or line is None:
-            raise SystemExit(f"worker-like start failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        return dict(json.loads(line[6:]))
 
     fresh, resumed = [], []
     for _ in range(args.repeats):
@@ -434,25 +393,6 @@ def flow_side_rss(ckpt: Path, plan: ManagedTrainingPlan, tmp: str) -> dict[str, 
     figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     shutil.rmtree(run_dir.path)
     return figures
-
-
-_TOUCH = """
-import time, torch
-torch.set_num_threads({threads})
-started = time.perf_counter()
-block = torch.ones({size}, dtype=torch.uint8)
-print((time.perf_counter() - started) / ({size} / 4096) * 1e6)
-"""
-
-
-def first_touch(gigabytes: float) -> float:
-    """Microseconds per 4 KiB page to allocate and fill `gigabytes` of fresh memory in a fresh interpreter: what
-    every page a load or a first step allocates costs on this machine (on a VM, pages the guest has not used lately
-    can cost several times more than recycled ones)."""
-    size = int(gigabytes * (1 << 30))
-    script = _TOUCH.format(threads=torch.get_num_threads(), size=size)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    return float(done.stdout.strip().splitlines()[-1])
 
 
 def hash_speed(size: int = 512 << 20) -> dict[str, float]:
@@ -613,7 +553,7 @@ def main() -> None:
         f"thread and {speed['stream_gbps']:.2f} GB/s as the checkpoints stream it ({speed['hash_threads']} "
         f"threads), memcpy {speed['memcpy_gbps']:.2f} GB/s"
     )
-    touch = {size: first_touch(size) for size in (2, 8)}
+    touch = {size: first_touch(size, torch.get_num_threads()) for size in (2, 8)}
     print(
         "first touch of fresh memory in a fresh interpreter: "
         + ", ".join(f"{size} GB {micro:.2f} us per 4 KiB page" for size, micro in touch.items())

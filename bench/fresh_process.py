@@ -1,0 +1,89 @@
+"""Benchmark pieces that run in a fresh interpreter: a script that prints one ``BENCH <json>`` line, a resume or
+fresh start as a restarted worker does it, and the cost of fresh memory on this machine.
+
+A worker is always a fresh process: the memory it fills has never been used by it, unlike a second session in a
+benchmark's own process, which reuses what the first one freed. Measuring there is measuring what users get.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_bench_script(script: str, env: dict[str, str] | None = None, what: str = "benchmark run") -> dict[str, Any]:
+    """Run `script` with ``python -c`` and return the JSON of its ``BENCH `` line; SystemExit with its stderr's
+    tail when it fails or prints none."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(line[6:])
+    return result
+
+
+_WORKER_START = """
+import json, sys, time
+started = time.perf_counter()
+import torch
+torch.set_num_threads({threads})
+from gliner2.auto import AutoExtractor
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.session_core.checkpoint import open_checkpoint
+from prefect_gliner2.session_core.tiny import tiny_records
+imported = time.perf_counter()
+cfg = TrainingConfig.from_dict({config!r})
+plan = ManagedTrainingPlan(tiny_records({records}, seed=3), cfg, architecture={arch!r})
+if {restore!r}:
+    open_checkpoint({ckpt!r}, min_version=1)
+session = TrainingSession(AutoExtractor.from_pretrained({model!r}), cfg, max_steps=plan.max_steps, device={device!r})
+built = time.perf_counter()
+if {restore!r}:
+    session.load_state({ckpt!r})
+loaded = time.perf_counter()
+session.forward_backward(plan.batch({batch}))
+if {device!r}.startswith("cuda"):
+    torch.cuda.synchronize()
+done = time.perf_counter()
+session.optim_step()
+if {device!r}.startswith("cuda"):
+    torch.cuda.synchronize()
+updated = time.perf_counter()
+print("BENCH " + json.dumps({{"imports": imported - started, "build": built - imported, "load": loaded - built,
+                              "first_batch": done - loaded, "total": done - imported,
+                              "first_update": updated - imported}}))
+"""
+
+
+def worker_start(*, restore: str | None, **settings: Any) -> dict[str, float]:
+    """A fresh interpreter with the worker's environment (its memory setting) that builds a session, loads the
+    checkpoint `restore` (after the flow side's index check) when given, trains one batch and takes one optimizer
+    step. Seconds from after the imports: ``build``, ``load``, ``first_batch``, ``total`` (to the batch done) and
+    ``first_update``. `settings`: threads, config (a TrainingConfig dict), records, arch, model, device, batch."""
+    from prefect_gliner2.runtime.spawn import worker_environment
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_environment())
+    script = _WORKER_START.format(restore=restore is not None, ckpt=restore or "", **settings)
+    return run_bench_script(script, env, "worker-like start")
+
+
+_TOUCH = """
+import json, time, torch
+torch.set_num_threads({threads})
+started = time.perf_counter()
+block = torch.ones({size}, dtype=torch.uint8)
+print("BENCH " + json.dumps((time.perf_counter() - started) / ({size} / 4096) * 1e6))
+"""
+
+
+def first_touch(gigabytes: float, threads: int) -> float:
+    """Microseconds per 4 KiB page to allocate and fill `gigabytes` of fresh memory in a fresh interpreter: what
+    every page a load or a first step allocates costs on this machine (on a VM, pages the guest has not used lately
+    can cost several times more than recycled ones)."""
+    return float(run_bench_script(_TOUCH.format(threads=threads, size=int(gigabytes * (1 << 30))), what="first touch"))
