@@ -123,16 +123,30 @@ print("BENCH " + json.dumps(marks))
 """
 
 _FLOW = """
-import json, time
+import json, os, time
+import psutil
 from prefect_gliner2.flows.reporting import add_listener
 marks = {{}}
+SERVER = [psutil.Process(int(pid)) for pid in os.environ["BENCH_SERVER_PIDS"].split(",")]
+def cpu(processes):
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+def window_cpu():  # this process (the flow: Prefect client, tasks, reporting), its worker, the server
+    me = psutil.Process()
+    return {{"flow": cpu([me]), "worker": cpu(me.children(recursive=True)), "server": cpu(SERVER)}}
 def listen(kind, data):
     if kind == "progress":
         now = time.time()
         if "first" not in marks:
-            marks["first"], marks["first_cursor"] = now, data.get("cursor", 0)
+            marks["first"], marks["first_cursor"], marks["first_cpu"] = now, data.get("cursor", 0), window_cpu()
         if data.get("cursor", 0) >= data.get("batch_count", 1):
-            marks["last"] = now
+            marks["last"], marks["last_cpu"] = now, window_cpu()
             marks["window_batches"] = data["batch_count"] - marks["first_cursor"]
 add_listener(listen)
 from prefect_gliner2.flows import driver
@@ -213,7 +227,17 @@ def launch(script: str, env: dict[str, str], server: list[Any]) -> dict[str, flo
         "worker_per_batch": marks["worker_seconds"] / marks["worker_batches"] if "worker_seconds" in marks else None,
         "cpu": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
         "server_cpu": cpu_seconds(server) - server_before,
+        **window_cpu(marks),
     }
+
+
+def window_cpu(marks: dict[str, Any]) -> dict[str, float]:
+    """A flow run's CPU seconds between its first and last batch marks, per process: ``window_flow`` (the flow
+    process: Prefect's client and task machinery, the driver, reporting), ``window_worker`` (training) and
+    ``window_server`` (the Prefect server, idle share included); empty for a native run."""
+    if "first_cpu" not in marks:
+        return {}
+    return {f"window_{key}": marks["last_cpu"][key] - marks["first_cpu"][key] for key in marks["first_cpu"]}
 
 
 def native_run(
@@ -234,7 +258,9 @@ def flow_run(
     script = _FLOW.format(
         model=model, data=data, config=CONFIG, key=key, storage=str(work / "runs"), threads=threads, device=DEVICE
     )
-    return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api, **ENV), server)
+    pids = ",".join(str(process.pid) for process in server)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api, BENCH_SERVER_PIDS=pids, **ENV)
+    return launch(script, env, server)
 
 
 def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, work: Path) -> dict[str, Any]:
@@ -295,9 +321,39 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
                 out["fixed"]["flow"], out["per_batch"]["flow"], out["fixed"][base], out["per_batch"][base], strict=True
             )
             out[key] = [minutes_ratio(*group) for group in costs]
-    ratios = [key for key in out if key.endswith("ratio")]
+    out.update(orchestration(result))
+    ratios = [key for key in out if key.endswith(("ratio", "share"))]
     out["interval"] = {key: interval(out[key]) for key in ratios}
     return out
+
+
+def orchestration(result: dict[str, Any]) -> dict[str, Any]:
+    """What orchestration costs in CPU while the flow trains, per flow run, measured between its first and last
+    batch marks (no fixed costs): the flow process's CPU plus the server's above its idle rate (the rate it ran at
+    during the same group's native runs), as a share of the worker's CPU, and per batch. CPU seconds of a window of
+    thousands of batches vary far less than wall time on a shared machine: this is what resolves the flow's own
+    per-batch cost to a fraction of a percent. On a machine whose cores the worker keeps busy it is also the most
+    the orchestration can add to the wall time per batch."""
+    flows = result["runs"]["flow"]
+    if not flows or "window_worker" not in flows[0]:
+        return {}
+    natives = [result["runs"][v] for v in ("native", "native_retain") if result["runs"].get(v)]
+    share, per_batch, server_extra = [], [], []
+    for group, run in enumerate(flows):
+        idle = statistics.fmean(runs[group]["server_cpu"] / runs[group]["total"] for runs in natives)
+        window = run["per_batch"] * run["window_batches"]
+        extra = run["window_server"] - idle * window
+        cost = run["window_flow"] + extra
+        share.append(cost / run["window_worker"])
+        per_batch.append(cost / run["window_batches"])
+        server_extra.append(extra)
+    return {
+        "orchestration_share": share,
+        "orchestration_per_batch": per_batch,
+        "window_flow": [r["window_flow"] for r in flows],
+        "window_worker": [r["window_worker"] for r in flows],
+        "window_server_extra": server_extra,
+    }
 
 
 def minutes_ratio(fixed_flow: float, batch_flow: float, fixed_native: float, batch_native: float) -> float:
@@ -337,7 +393,7 @@ def report(result: dict[str, Any]) -> list[str]:
         native, flow = ([x * scale for x in figures[key][v]] for v in ("native", "flow"))
         return f"{spread(native, fmt):>24} / {spread(flow, fmt)}"
 
-    return [
+    lines = [
         f"{result['case']} ({result['model']}, native step {result['step_s'] * 1000:.0f} ms here), "
         f"{result['batches']} batches:",
         f"  flow/native wall time                 {spread(figures['ratio'], '.3f'):>24}   "
@@ -361,7 +417,23 @@ def report(result: dict[str, Any]) -> list[str]:
         f"{FIRST_BATCH_EXTRA_S:g} s: {'met' if first_extra <= FIRST_BATCH_EXTRA_S else 'NOT met'}",
         f"  last batch to exit s, native / flow   {both('tail')}   target: flow <= {LAST_TO_EXIT_S:g} s: "
         f"{'met' if tail <= LAST_TO_EXIT_S else 'NOT met'}",
-    ] + retaining_lines(figures)
+    ]
+    lines += orchestration_lines(figures)
+    return lines + retaining_lines(figures)
+
+
+def orchestration_lines(figures: dict[str, Any]) -> list[str]:
+    if "orchestration_share" not in figures:
+        return []
+    share = [x * 100 for x in figures["orchestration_share"]]
+    return [
+        f"  orchestration CPU / training CPU, %   {spread(share, '.2f'):>24}   "
+        f"{interval(share)} between the first and last batch: the flow process "
+        f"{spread(figures['window_flow'], '.2f')} s + the server above idle "
+        f"{spread(figures['window_server_extra'], '.2f')} s against the worker's "
+        f"{spread(figures['window_worker'], '.1f')} s; per batch "
+        f"{spread([x * 1e3 for x in figures['orchestration_per_batch']], '.3f')} ms of CPU",
+    ]
 
 
 def retaining_lines(figures: dict[str, Any]) -> list[str]:
