@@ -11,6 +11,7 @@ from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.schedule import (
     AUTO_PIPELINE_DEPTH,
+    TARGET_TASK_SECONDS,
     CheckpointCadence,
     TaskGrain,
     Unit,
@@ -131,17 +132,18 @@ def test_unit_op_is_the_worker_operation_of_a_unit(tmp_path: Any) -> None:
 
 
 def test_an_automatic_grain_grows_from_one_batch_to_the_target_and_follows_slower_steps() -> None:
+    assert TARGET_TASK_SECONDS == 5.0  # the default the figures below follow
     grain = TaskGrain()
     assert grain.pinned is None and grain.batches == 1 and grain.per_batch_seconds is None
     sizes = []
-    for _ in range(6):  # 10 ms per batch: wants 200 batches for 2 s tasks, at most x4 per measured unit
-        grain.observe(grain.batches, 0.01 * grain.batches)
+    for _ in range(7):  # 1/64 s per batch: wants 320 batches for 5 s tasks, at most x4 per measured unit
+        grain.observe(grain.batches, grain.batches / 64)
         sizes.append(grain.batches)
-    assert sizes == [4, 16, 64, 200, 200, 200] and grain.per_batch_seconds == pytest.approx(0.01)
-    grain.observe(10, 10 * 0.09)  # steps got slower (the mean with the estimate: 50 ms): fewer batches at once
-    assert grain.batches == 40
+    assert sizes == [4, 16, 64, 256, 320, 320, 320] and grain.per_batch_seconds == 1 / 64
+    grain.observe(10, 10 * 7 / 64)  # steps got slower (the mean with the estimate: 1/16 s): fewer batches at once
+    assert grain.batches == 80
     grain.observe(0, 0.0)  # an operation that trained nothing (already past) tells nothing
-    assert grain.batches == 40
+    assert grain.batches == 80
     one_second = TaskGrain(target_seconds=2.0)
     one_second.observe(1, 1.5)  # steps of 1.5 s: two batches per task at most
     assert one_second.batches == 2

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_gliner2.flows.cli.args import UsageError, auto_or, data_arguments, inputs, non_negative, one, positive
 from prefect_gliner2.flows.cli.progress import ProgressBar, describe
 from prefect_gliner2.flows.cli.server import prefect_api
+from prefect_gliner2.runtime.schedule import TARGET_TASK_SECONDS
 
 if TYPE_CHECKING:
     from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings
@@ -36,7 +37,8 @@ def add_parser(commands: Any) -> None:
         "--batches-per-task",
         type=auto_or(positive),
         default="auto",
-        help="batches per Prefect task (default auto: grown from the measured step time to tasks of about 2 s)",
+        help="batches per Prefect task (default auto: grown from the measured step time to tasks of about "
+        f"{TARGET_TASK_SECONDS:g} s)",
     )
     parser.add_argument(
         "--pipeline-depth",
