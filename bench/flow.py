@@ -330,7 +330,7 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
 def orchestration(result: dict[str, Any]) -> dict[str, Any]:
     """What orchestration costs in CPU while the flow trains, per flow run, measured between its first and last
     batch marks (no fixed costs): the flow process's CPU plus the server's above its idle rate (the rate it ran at
-    during the same group's native runs), as a share of the worker's CPU, and per batch. CPU seconds of a window of
+    during the same group's native runs), as a percentage of the worker's CPU, and per batch. CPU seconds of a window of
     thousands of batches vary far less than wall time on a shared machine: this is what resolves the flow's own
     per-batch cost to a fraction of a percent. On a machine whose cores the worker keeps busy it is also the most
     the orchestration can add to the wall time per batch."""
@@ -344,7 +344,7 @@ def orchestration(result: dict[str, Any]) -> dict[str, Any]:
         window = run["per_batch"] * run["window_batches"]
         extra = run["window_server"] - idle * window
         cost = run["window_flow"] + extra
-        share.append(cost / run["window_worker"])
+        share.append(100 * cost / run["window_worker"])  # percent
         per_batch.append(cost / run["window_batches"])
         server_extra.append(extra)
     return {
@@ -425,10 +425,10 @@ def report(result: dict[str, Any]) -> list[str]:
 def orchestration_lines(figures: dict[str, Any]) -> list[str]:
     if "orchestration_share" not in figures:
         return []
-    share = [x * 100 for x in figures["orchestration_share"]]
+    share = figures["orchestration_share"]  # percent
     return [
         f"  orchestration CPU / training CPU, %   {spread(share, '.2f'):>24}   "
-        f"{interval(share)} between the first and last batch: the flow process "
+        f"{figures['interval']['orchestration_share']} between the first and last batch: the flow process "
         f"{spread(figures['window_flow'], '.2f')} s + the server above idle "
         f"{spread(figures['window_server_extra'], '.2f')} s against the worker's "
         f"{spread(figures['window_worker'], '.1f')} s; per batch "

@@ -167,6 +167,18 @@ def flow_rows(results: list[dict[str, Any]]) -> list[Row]:
                 "flow <= 3 s)",
             ),
         ]
+        if "orchestration_share" in f:
+            share = f["orchestration_share"]  # percent
+            out.append(
+                (
+                    f"orchestration CPU over the training's, first to last batch, % ({name})",
+                    _median_range(share, ".2f"),
+                    f"{f['interval']['orchestration_share']}; the flow process {_median_range(f['window_flow'], '.2f')}"
+                    f" s + the Prefect server above its idle rate {_median_range(f['window_server_extra'], '.2f')} s"
+                    f" against the worker's {_median_range(f['window_worker'], '.1f')} s of CPU; at most what it adds"
+                    " per batch where the worker keeps the cores busy",
+                )
+            )
         if "retain_ratio" in f:
             retain = f"{_median_range(f['total']['native_retain'], '.1f')} s"
             out.append(
