@@ -36,6 +36,12 @@ t-interval (the resolution the run achieved):
   fixed costs and costs per batch (the runs themselves last ``--minutes``);
 - CPU seconds: of every process (the run and its children, plus what the Prefect server spent meanwhile), flow /
   native; less sensitive than wall time to what else the machine does;
+- orchestration CPU: inside each flow run, between its first and last batch marks, the CPU seconds of the flow
+  process (Prefect's client and task machinery, the driver, reporting) plus the server's above its idle rate (the
+  rate it ran at during the same group's native runs), in percent of the worker's training CPU. Wall-time ratios of
+  separate runs move by several percent between identical runs on a shared machine; this figure is measured inside
+  one run and resolves the flow's own per-batch cost to a fraction of a percent. Where the worker keeps every core
+  busy it is also the most the orchestration can add to the time per batch;
 - first batch: launch to the first batch trained (native: its first optimizer step returned; flow: the first
   training task's result reached the flow); target: the flow at most ``FIRST_BATCH_EXTRA_S`` after native;
 - last batch to exit: the last batch trained to the process's exit (checkpoint, export, final report); target
