@@ -17,7 +17,6 @@ only the speed differs. Checkpoints written during a run keep the cache: a resum
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 from typing import Any
@@ -125,6 +124,8 @@ class DirectFile:
 
     def _to_cache(self) -> None:
         if self.direct:
+            import fcntl  # only where O_DIRECT exists (Linux): not imported on platforms without it
+
             flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
             fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~_O_DIRECT)
             self.direct = False

@@ -245,9 +245,20 @@ class ManagedTraining:
     def write_prepared(self, prepared: PreparedCheckpoint, *, before_commit: Callable[[], None] | None = None) -> str:
         """Write a prepared checkpoint (its best weights stored as a blob first when new); returns the index hash.
 
-        Reads only the snapshot and the best-weights dict it names (never mutated: a new best is a new dict)."""
-        refs = {BEST_WEIGHTS_FILE: self._stored_best(prepared.uri, prepared.best)} if prepared.best is not None else {}
-        return write_checkpoint(prepared.uri, prepared.files, prepared.meta, refs=refs, before_commit=before_commit)
+        Reads only the snapshot and the best-weights dict it names (never mutated: a new best is a new dict).
+
+        The checkpoint of a finished run is written around the page cache (``direct_io``, local storage): nothing
+        reads it back soon, and a run's end should not wait for the cache to find pages for it. Checkpoints taken
+        during a run keep the cache, where a resume after a kill finds them."""
+        direct = bool(prepared.meta.get("finished"))
+        refs = (
+            {BEST_WEIGHTS_FILE: self._stored_best(prepared.uri, prepared.best, direct=direct)}
+            if prepared.best is not None
+            else {}
+        )
+        return write_checkpoint(
+            prepared.uri, prepared.files, prepared.meta, refs=refs, before_commit=before_commit, direct=direct
+        )
 
     def _prepare(self, uri: str, *, snapshot: bool) -> PreparedCheckpoint:
         files, meta = self.session.state_payload(snapshot=snapshot)
@@ -261,7 +272,7 @@ class ManagedTraining:
         )
         return PreparedCheckpoint(uri, files, meta, self.best_state)
 
-    def _stored_best(self, uri: str, best: dict[str, torch.Tensor]) -> FileRef:
+    def _stored_best(self, uri: str, best: dict[str, torch.Tensor], *, direct: bool = False) -> FileRef:
         """The blob holding `best`, written once per new best (again only if its blob vanished)."""
         import fsspec
 
@@ -269,7 +280,7 @@ class ManagedTraining:
         stored = self._best_stored
         ref = stored[1] if stored is not None and stored[0] is best else None
         if ref is None or not fs.exists(f"{path.rstrip('/').rsplit('/', 1)[0]}/{ref.path[3:]}"):
-            ref = store_blob(uri, lambda handle: write_tensors(handle, best), "safetensors")
+            ref = store_blob(uri, lambda handle: write_tensors(handle, best), "safetensors", direct=direct)
             self._best_stored = (best, ref)  # one assignment: a writer thread and a new best never mix the pair
         return ref
 

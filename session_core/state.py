@@ -44,10 +44,29 @@ _MAX_HEADER = 64 << 20
 Destination = Callable[[str, torch.dtype, tuple[int, ...]], "torch.Tensor | None"]
 
 
-def write_tensors(handle: IO[bytes], tensors: Mapping[str, torch.Tensor]) -> None:
+#: safetensors' own file layout (``save_file``): tensors by dtype, this rank descending, then by name.
+SAFETENSORS_RANK = {
+    torch.bool: 0,
+    torch.uint8: 1,
+    torch.int8: 2,
+    torch.int16: 3,
+    torch.float16: 4,
+    torch.bfloat16: 5,
+    torch.int32: 6,
+    torch.float32: 7,
+    torch.float64: 8,
+    torch.int64: 9,
+}
+
+
+def write_tensors(handle: IO[bytes], tensors: Mapping[str, torch.Tensor], *, like_save_file: bool = False) -> None:
     """Stream `tensors` as a safetensors file into `handle`, one tensor at a time (a device tensor is copied to the
-    host one tensor at a time; a contiguous CPU tensor is written from its own memory)."""
+    host one tensor at a time; a contiguous CPU tensor is written from its own memory). Tensors are laid out by
+    name (checkpoints), or with `like_save_file` as ``safetensors.torch.save_file`` lays them out (by dtype, then
+    name), byte for byte the file it writes."""
     items = sorted(tensors.items())
+    if like_save_file:
+        items.sort(key=lambda item: -SAFETENSORS_RANK.get(item[1].dtype, -1))  # stable: names stay in order
     header: dict[str, Any] = {}
     offset = 0
     for name, tensor in items:

@@ -182,12 +182,18 @@ def atomic_file(uri: str) -> Iterator[IO[bytes]]:
 
 
 def directory_commit(
-    uri: str, marker: str, *, what: str, before_commit: Callable[[], None] | None = None
+    uri: str,
+    marker: str,
+    *,
+    what: str,
+    before_commit: Callable[[], None] | None = None,
+    direct: bool = False,
 ) -> DirectoryCommit:
     """A commit of a new directory at `uri` under this storage's policy; refuses a destination that is not empty,
     except (remote storage) the debris of an interrupted commit: our pending marker and no `marker`.
 
-    `what` names the directory in the error ("checkpoint", "export").
+    `what` names the directory in the error ("checkpoint", "export"); `direct` writes local files streamed into it
+    around the page cache (``DirectoryCommit``).
     """
     fs, path = resolve(uri)
     if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
@@ -196,7 +202,7 @@ def directory_commit(
         logger.warning("replacing the incomplete %s at %s (its upload was interrupted)", what, uri)
         fs.rm(path, recursive=True)
     policy = LocalDirectoryCommit if is_local(fs) else RemoteDirectoryCommit
-    return policy(fs, path, uri, marker, before_commit)
+    return policy(fs, path, uri, marker, before_commit, direct)
 
 
 def interrupted_commit(fs: Any, path: str, marker: str) -> bool:

@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from prefect_gliner2.session_core.layout import (
     MODEL_WEIGHTS_INDEX_FILE,
     WEIGHTS_FILE,
 )
+from prefect_gliner2.session_core.native_save import weights_written_direct
 from prefect_gliner2.session_core.state import (
     base_weights,
     canonical_name,
@@ -255,20 +256,26 @@ def export_weights(
     if schema is not None:
         info["schema"] = dict(schema)
     try:
-        commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export", before_commit=before_commit)
+        commit = directory_commit(uri, EXPORT_MARKER_FILE, what="export", before_commit=before_commit, direct=True)
     except FileExistsError:
         raise WeightsError(f"export destination {uri} already exists and is not empty; choose a new location") from None
     with commit:
         staging = commit.local_dir()
-        if not session.is_lora and state is None:
-            unwrap(session.model).save_pretrained(str(staging))
-        else:
-            copy = session.engine.detached_model_copy(state)
-            try:
-                _export_copy(copy, staging, merged=merged, lora=session.is_lora)
-            finally:
-                del copy
-        info["weights_sha256"] = file_tensors_digest(str(staging / MODEL_WEIGHTS_FILE))
+        # local exports: the weights go around the page cache, hashed while written (``native_save``)
+        writing: AbstractContextManager[dict[str, str]] = (
+            weights_written_direct(staging) if commit.direct else nullcontext({})
+        )
+        with writing as digests:
+            if not session.is_lora and state is None:
+                unwrap(session.model).save_pretrained(str(staging))
+            else:
+                copy = session.engine.detached_model_copy(state)
+                try:
+                    _export_copy(copy, staging, merged=merged, lora=session.is_lora)
+                finally:
+                    del copy
+        written = digests.get(MODEL_WEIGHTS_FILE)
+        info["weights_sha256"] = written or file_tensors_digest(str(staging / MODEL_WEIGHTS_FILE))
         commit.commit(json.dumps(info, indent=1, sort_keys=True).encode())
     info["uri"] = uri
     return info

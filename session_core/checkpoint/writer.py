@@ -26,6 +26,7 @@ from prefect_gliner2.session_core.checkpoint.format import (
     check_file_names,
     index_bytes,
 )
+from prefect_gliner2.session_core.direct_io import open_direct
 from prefect_gliner2.session_core.errors import CheckpointError
 from prefect_gliner2.session_core.storage import directory_commit, fsync_dir, is_local, open_new_local, resolve
 
@@ -107,11 +108,13 @@ def write_checkpoint(
     refs: Mapping[str, FileRef] | None = None,
     *,
     before_commit: Callable[[], None] | None = None,
+    direct: bool = False,
 ) -> str:
     """Write `files` (streamed, hashed in the same pass) and the index atomically to `uri` (which must not exist
     yet); `refs` name blobs already in the store beside it. Returns the index sha256.
 
-    `before_commit` runs when every file but the index is in place (tests use it to kill a writer there)."""
+    `before_commit` runs when every file but the index is in place (tests use it to kill a writer there). `direct`
+    writes local files around the page cache (``direct_io``): for a checkpoint nobody reads back soon."""
     refs = dict(refs or {})
     check_file_names(files, refs)
     fs, path = resolve(uri)
@@ -120,7 +123,7 @@ def write_checkpoint(
         if not fs.exists(target) or fs.size(target) != ref.bytes:
             raise CheckpointError(f"blob {ref.path} for {name} is missing or has the wrong size; store it first")
     try:
-        commit = directory_commit(uri, INDEX_FILE, what="checkpoint", before_commit=before_commit)
+        commit = directory_commit(uri, INDEX_FILE, what="checkpoint", before_commit=before_commit, direct=direct)
     except FileExistsError:
         raise CheckpointError(
             f"checkpoint destination {uri} already exists; checkpoints are immutable, choose a new location"
@@ -135,9 +138,10 @@ def write_checkpoint(
     return _sha256(data)
 
 
-def store_blob(checkpoint_uri: str, payload: Payload, extension: str) -> FileRef:
+def store_blob(checkpoint_uri: str, payload: Payload, extension: str, *, direct: bool = False) -> FileRef:
     """Write `payload` once into the content-addressed store beside `checkpoint_uri` (`../blobs/blake3-<hex>.<ext>`)
-    and return the reference a checkpoint index records. Same content, same name: storing twice keeps one file."""
+    and return the reference a checkpoint index records. Same content, same name: storing twice keeps one file.
+    `direct`: as for ``write_checkpoint``."""
     if not re.fullmatch(r"[a-z]+", extension):
         raise CheckpointError(f"invalid blob extension {extension!r}")
     fs, path = resolve(checkpoint_uri)
@@ -148,8 +152,14 @@ def store_blob(checkpoint_uri: str, payload: Payload, extension: str) -> FileRef
         os.makedirs(store, mode=0o700, exist_ok=True)
         temp = os.path.join(parent, temp_name)  # beside the checkpoints: debris cleaning finds it after a kill
         try:
-            with open_new_local(temp) as handle:
-                entry = _emit(handle, payload)
+            if direct:
+                with open_direct(temp) as direct_handle:
+                    entry = _emit(direct_handle, payload)  # type: ignore[arg-type]
+                    direct_handle.flush()
+                    os.fsync(direct_handle.fileno())
+            else:
+                with open_new_local(temp) as handle:
+                    entry = _emit(handle, payload)
             final = os.path.join(store, blob_name(entry, extension))
             os.replace(temp, final)
         finally:

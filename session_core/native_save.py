@@ -1,0 +1,99 @@
+"""A native model directory whose weights are written around the page cache, byte for byte what gliner2 writes.
+
+An export is written once and read later by someone else (``extract``, a deployment, another run); writing its
+weights through the page cache makes the end of a run wait for the cache to find a page for every 4 KiB (see
+``direct_io``). gliner2's ``save_pretrained`` (2.1: span and boundary models) writes the weights with safetensors'
+``save_file``; while ``weights_written_direct`` is active, that function, for files inside the export's staging
+directory, streams the same bytes (``state.write_tensors(like_save_file=True)``) into a ``direct_io`` file, and
+hashes the same tensors (``tensors_digest``, the export's ``weights_sha256``) in a helper thread meanwhile, so the
+export need not read its weights back to hash them. Everything else gliner2 writes (configs, tokenizer) and every
+call it cannot take over exactly (metadata, tensors sharing memory or not contiguous, a dtype checkpoints cannot
+store, an existing file) goes to safetensors unchanged. Should a later gliner2 write its weights another way, its
+own writer runs and nothing is recorded: the caller hashes the file as before.
+
+The swap is process-wide while active (the session worker runs one export at a time; other threads' calls for
+other paths go to safetensors unchanged) and always undone.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from prefect_gliner2.session_core.direct_io import open_direct
+from prefect_gliner2.session_core.state import SAFETENSORS_RANK, tensors_digest, write_tensors
+
+__all__ = ["weights_written_direct"]
+
+
+@contextmanager
+def weights_written_direct(directory: Path) -> Iterator[dict[str, str]]:
+    """Inside: safetensors' ``save_file`` writes files under `directory` around the page cache (module docstring).
+    Yields a dict it fills: each such file's path relative to `directory` -> ``tensors_digest`` of its tensors."""
+    original = safetensors.torch.save_file
+    root = directory.resolve()
+    digests: dict[str, str] = {}
+
+    def save_file(tensors: dict[str, torch.Tensor], filename: Any, metadata: Any = None) -> None:
+        path = Path(filename).resolve()
+        if metadata is not None or root not in path.parents or path.exists() or not _exact(tensors):
+            original(tensors, filename, metadata=metadata)
+            return
+        digest: list[str] = []
+        failure: list[BaseException] = []
+
+        def hash_them() -> None:
+            try:
+                digest.append(tensors_digest(tensors.items()))
+            except BaseException as exc:  # noqa: BLE001  (raised below, in the caller's thread)
+                failure.append(exc)
+
+        hasher = threading.Thread(target=hash_them, name="export-digest")
+        hasher.start()
+        try:
+            with open_direct(path) as handle:
+                write_tensors(handle, tensors, like_save_file=True)  # type: ignore[arg-type]
+        finally:
+            hasher.join()
+        if failure:
+            raise failure[0]
+        digests[path.relative_to(root).as_posix()] = digest[0]
+
+    swapped = [(safetensors.torch, "save_file")] + [
+        (module, name)
+        for module_name, module in list(sys.modules.items())
+        if module_name.startswith("gliner2.") and module is not None
+        for name, value in list(vars(module).items())
+        if value is original
+    ]
+    for module, name in swapped:
+        setattr(module, name, save_file)
+    try:
+        yield digests
+    finally:
+        for module, name in swapped:
+            setattr(module, name, original)
+
+
+def _exact(tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``write_tensors`` writes exactly what ``save_file`` would for `tensors` (else save_file runs, and
+    raises where it raises): contiguous tensors of dtypes both know, none sharing memory."""
+    seen: set[tuple[str, int]] = set()
+    for tensor in tensors.values():
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SAFETENSORS_RANK:
+            return False
+        if not tensor.is_contiguous():
+            return False
+        if tensor.numel():
+            key = (str(tensor.device), tensor.untyped_storage().data_ptr())
+            if key in seen:
+                return False
+            seen.add(key)
+    return True
