@@ -10,7 +10,8 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   (`_backward_one` + `_optimizer_step`, what native `train()` calls per batch, with the session's guard hook
   detached), on the same model and the same collated batches, alternating step by step so that both see the same
   machine state; the median of the per-step ratios is printed.
-- checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes, load_state (into a fresh session)
+- checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes (and the same checkpoint written
+  as a finished run's is, around the page cache: ``write_checkpoint(direct=True)``), load_state (into a fresh session)
   vs a raw read of the checkpoint's files into one reused buffer (the target's baseline) and into freshly allocated
   memory (the first touch of every page, which a load into a fresh session pays too), all from the page cache (the
   files were just written), each pair interleaved `--repeats` times; and the extra peak RSS during each (above
@@ -65,7 +66,7 @@ from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overl
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import digest as checkpoint_digest  # noqa: E402
-from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint  # noqa: E402
+from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint  # noqa: E402
 from prefect_gliner2.session_core.checkpoint.format import BLAKE3  # noqa: E402
 from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
@@ -176,6 +177,13 @@ def raw_io(size: int, tmp: str) -> tuple[float, float]:
     return write, read
 
 
+def final_save(session: TrainingSession, target: Path) -> None:
+    """The same checkpoint written as a finished run's is (``ManagedTraining.write_prepared``): around the page
+    cache (``session_core/direct_io.py``)."""
+    files, meta = session.state_payload()
+    write_checkpoint(str(target), files, meta, direct=True)
+
+
 def raw_read(folder: Path) -> float:
     """Seconds to read every file in `folder` into one reused 8 MiB buffer (no hashing, no fresh memory)."""
     buffer = bytearray(8 << 20)
@@ -232,8 +240,8 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
     ckpt = Path(tmp) / f"ckpt-{arch}"
-    saves, raw_writes, raw_reads = [], [], []
-    for repeat in range(args.repeats):  # the same state saved again: save and raw write interleaved
+    saves, final_saves, raw_writes, raw_reads = [], [], [], []
+    for repeat in range(args.repeats):  # the same state saved again: save, final save and raw write interleaved
         target = ckpt if repeat == 0 else Path(tmp) / f"ckpt-{arch}-{repeat}"
         save_s, before, peak, after = timed(lambda target=target: session.save_state(str(target)))
         size = sum(f.stat().st_size for f in target.iterdir())
@@ -242,9 +250,14 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         if repeat:
             shutil.rmtree(target)
         if not args.resume_only:
+            final = Path(tmp) / f"ckpt-{arch}-final-{repeat}"
+            final_saves.append(timed(lambda final=final: final_save(session, final))[0])
+            shutil.rmtree(final)
             raw_writes.append(raw_io(size, tmp)[0])
     row.update(figures("save_s", saves) | figures("raw_write_s", raw_writes))
     row.update(ratios("save_ratio", saves, raw_writes))
+    if final_saves:
+        row.update(figures("final_save_s", final_saves) | ratios("final_save_ratio", final_saves, raw_writes))
     session.close()  # drops the model and optimizer: the fresh session below is the only one alive
     gc.collect()
 
@@ -443,6 +456,12 @@ def print_all(rows: list[dict[str, Any]]) -> None:
             f"{_overlap_cell(r):>11}"
         )
     print("ratios: median (min-max) of interleaved pairs; targets: save <= 1.2, load <= 2, resume <= 1.2")
+    for r in rows:
+        if "final_save_ratio" in r:
+            print(
+                f"{r['arch']:9} a finished run's checkpoint (written around the page cache) vs the raw write+fsync: "
+                f"{spread(r, 'final_save_ratio')} ({spread(r, 'final_save_s')} s)"
+            )
     for r in rows:
         print(
             f"{r['arch']:9} load vs a raw read into fresh memory (first touch of every page): "

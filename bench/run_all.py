@@ -308,6 +308,17 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
                 f"{_spread(r, 'save_s')} s vs {_spread(r, 'raw_write_s')} s, {r['checkpoint_bytes'] / 1e9:.2f} GB; "
                 f"extra peak RAM {r['save_extra_rss']:.2f}x the checkpoint; target <= 1.2",
             ),
+        ]
+        if "final_save_ratio" in r:
+            out.append(
+                (
+                    f"a finished run's checkpoint (around the page cache) vs raw write+fsync ({name})",
+                    _spread(r, "final_save_ratio"),
+                    f"{_spread(r, 'final_save_s')} s vs {_spread(r, 'raw_write_s')} s; the same state as the row "
+                    "above, written as the run's last checkpoint is",
+                )
+            )
+        out += [
             (
                 f"checkpoint load vs raw read of the same bytes ({name})",
                 _spread(r, "load_ratio"),
