@@ -3,6 +3,8 @@ resumed with it trains exactly what an uninterrupted run trains."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ def test_a_run_killed_and_resumed_with_the_automatic_grain_equals_an_uninterrupt
     crashed = flow_child(params, FaultPlan((Fault.pause("batch", 37, 120),), markers=str(markers)), prefect_server)
     try:
         wait_for_marker(markers, "batch-37", crashed, timeout=240)  # past the checkpoint after batch 31
+        _wait_for_cursor(tmp_path / "runs" / "auto-grain", 32, timeout=60)  # the flow commits it as results arrive
     finally:
         output = kill9(crashed)  # the flow process; its worker dies with it
     assert "Traceback" not in output, output[-3000:]
@@ -87,3 +90,19 @@ def test_the_automatic_checkpoint_cadence_skips_the_100_update_points_of_a_fast_
     assert summary["total_steps"] == 240
     assert RunDirectory(storage, "auto-cadence").committed_checkpoints() == ["step-000240-batch-000239"]
     assert_same_export(summary["export"], reference_export(model, inputs, config, tmp_path / "direct"))
+
+
+def _wait_for_cursor(run_dir: Path, at: int, timeout: float) -> None:
+    """Until cursor.json names the checkpoint that continues at batch `at` (the worker, paused further on, wrote it
+    already; the flow process commits the cursor when the checkpoint task's result reaches it, later on a busy
+    machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cursor = json.loads((run_dir / "cursor.json").read_text())["cursor"]
+        except (OSError, ValueError, KeyError):
+            cursor = None
+        if cursor == at:
+            return
+        assert time.monotonic() < deadline, f"the cursor stayed at {cursor}, not {at}"
+        time.sleep(0.2)
