@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from prefect_gliner2.session_core import layout
-from prefect_gliner2.session_core.direct_io import open_direct
+from prefect_gliner2.session_core.direct_io import open_direct, open_new_file
 from prefect_gliner2.session_core.durability import SyncBatch, fsync_dir
 from prefect_gliner2.session_core.tempcopies import TEMP_PREFIX, clean_stale_temp
 
@@ -51,22 +51,16 @@ class DirectoryCommit(ABC):
     become part of the directory (for libraries that write files themselves, such as ``save_pretrained``);
     ``commit(marker_bytes)`` makes the directory visible. Leaving the ``with`` block without a commit removes the
     local staging (remote files written in place stay as uncommitted debris for ``remove_uncommitted``).
-    `before_commit` runs once everything but the marker is in place. With `direct`, files streamed through ``open``
-    to local storage are written around the page cache (``direct_io``): for directories nobody reads back soon.
+    `before_commit` runs once everything but the marker is in place. With `direct` (set by ``directory_commit`` on
+    local storage only: an upload reads its files back at once), files streamed through ``open`` are written around
+    the page cache (``direct_io``): for directories nobody reads back soon.
     """
 
-    def __init__(
-        self,
-        fs: Any,
-        path: str,
-        uri: str,
-        marker: str,
-        before_commit: Callable[[], None] | None,
-        direct: bool = False,
-    ) -> None:
+    direct = False
+
+    def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
         self.fs, self.path, self.uri, self.marker = fs, path, uri, marker
         self.before_commit = before_commit
-        self.direct = direct
 
     def __enter__(self) -> DirectoryCommit:
         return self
@@ -104,16 +98,8 @@ class LocalDirectoryCommit(DirectoryCommit):
     into `local_dir` are found and fsynced at the commit. The marker is written after every other file; nothing in
     the staging directory is visible until the rename, which waits for all of them to be durable."""
 
-    def __init__(
-        self,
-        fs: Any,
-        path: str,
-        uri: str,
-        marker: str,
-        before_commit: Callable[[], None] | None,
-        direct: bool = False,
-    ) -> None:
-        super().__init__(fs, path, uri, marker, before_commit, direct)
+    def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
+        super().__init__(fs, path, uri, marker, before_commit)
         parent = os.path.dirname(os.path.abspath(path)) or "."
         os.makedirs(parent, mode=0o700, exist_ok=True)
         self.parent = parent
@@ -125,11 +111,7 @@ class LocalDirectoryCommit(DirectoryCommit):
     @contextmanager
     def open(self, name: str) -> Iterator[IO[bytes]]:
         path = self.staging / name
-        handle: Any
-        if self.direct:
-            handle = open_direct(path)
-        else:
-            handle = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+        handle: Any = open_direct(path) if self.direct else open_new_file(path)
         try:
             yield handle
             handle.flush()
@@ -171,16 +153,8 @@ class RemoteDirectoryCommit(DirectoryCommit):
     """Remote policy: a pending marker first, files written in place (``local_dir`` contents uploaded at commit),
     the marker last, then the pending marker removed."""
 
-    def __init__(
-        self,
-        fs: Any,
-        path: str,
-        uri: str,
-        marker: str,
-        before_commit: Callable[[], None] | None,
-        direct: bool = False,
-    ) -> None:
-        super().__init__(fs, path, uri, marker, before_commit, False)  # uploaded at once from the cache: kept there
+    def __init__(self, fs: Any, path: str, uri: str, marker: str, before_commit: Callable[[], None] | None) -> None:
+        super().__init__(fs, path, uri, marker, before_commit)
         self._local: Path | None = None
         self._made = False
 

@@ -4,7 +4,8 @@ A buffered write copies every byte into the page cache first: the kernel must fi
 the copy stays cached until memory pressure evicts it. For a run's last checkpoint and its exported model, written
 once and not read again by this process, that is pure cost: on a virtual machine whose host backs each new guest
 page on first use it dominated the end of a run (``bench/flow.py``'s "last batch to exit": an 816 MiB checkpoint
-took 2.7 s written through the cache and fsynced, the same bytes 0.7-0.9 s with ``O_DIRECT``), and on any machine
+took 2.7 s written through the cache and fsynced, the same bytes 0.7-0.9 s with ``O_DIRECT``: scratch
+timings, not a benchmark), and on any machine
 it pushes the user's own cached files out. ``DirectFile`` writes through one page-aligned bounce buffer (the
 alignment ``O_DIRECT`` needs for the memory, the length and the file offset), and writes the file's unaligned last
 piece through the cache; the caller still fsyncs (``O_DIRECT`` does not make the file's size or metadata durable).
@@ -21,7 +22,7 @@ import mmap
 import os
 from typing import Any
 
-__all__ = ["ALIGN", "BUFFER_BYTES", "DirectFile", "open_direct"]
+__all__ = ["ALIGN", "BUFFER_BYTES", "DirectFile", "open_direct", "open_new_file"]
 
 #: Alignment of memory, length and offset for ``O_DIRECT`` writes: a page, which covers 512-byte and 4 KiB sectors.
 ALIGN = mmap.PAGESIZE
@@ -146,3 +147,8 @@ def open_direct(path: str | os.PathLike[str], mode: int = 0o600) -> DirectFile:
             if exc.errno != errno.EINVAL:
                 raise
     return DirectFile(os.open(path, flags, mode), direct=False)
+
+
+def open_new_file(path: str | os.PathLike[str], mode: int = 0o600) -> Any:
+    """Create the new file `path` (refused if it exists) for buffered binary writing, through the page cache."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb")

@@ -48,6 +48,7 @@ from prefect_gliner2.session_core.commits import (
     set_upload_hook,
     upload_progress,
 )
+from prefect_gliner2.session_core.direct_io import open_direct, open_new_file
 from prefect_gliner2.session_core.durability import fsync_dir
 from prefect_gliner2.session_core.tempcopies import TEMP_PREFIX, clean_stale_temp, process_alive, process_start
 
@@ -135,10 +136,10 @@ def _write_local_file(path: str, data: bytes) -> None:
 
 
 @contextmanager
-def open_new_local(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
-    """A new local file (refused if it exists; mode 0o600) to stream into; flushed and fsynced on close."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
+def open_new_local(path: str | os.PathLike[str], *, direct: bool = False) -> Iterator[Any]:
+    """A new local file (refused if it exists; mode 0o600) to stream into; flushed and fsynced on close. `direct`
+    writes it around the page cache (``direct_io``)."""
+    with open_direct(path) if direct else open_new_file(path) as handle:
         yield handle
         handle.flush()
         os.fsync(handle.fileno())
@@ -201,8 +202,11 @@ def directory_commit(
             raise FileExistsError(f"{what} destination {uri} already exists and is not empty; choose a new location")
         logger.warning("replacing the incomplete %s at %s (its upload was interrupted)", what, uri)
         fs.rm(path, recursive=True)
-    policy = LocalDirectoryCommit if is_local(fs) else RemoteDirectoryCommit
-    return policy(fs, path, uri, marker, before_commit, direct)
+    if not is_local(fs):
+        return RemoteDirectoryCommit(fs, path, uri, marker, before_commit)
+    commit = LocalDirectoryCommit(fs, path, uri, marker, before_commit)
+    commit.direct = direct
+    return commit
 
 
 def interrupted_commit(fs: Any, path: str, marker: str) -> bool:

@@ -26,7 +26,6 @@ from prefect_gliner2.session_core.checkpoint.format import (
     check_file_names,
     index_bytes,
 )
-from prefect_gliner2.session_core.direct_io import open_direct
 from prefect_gliner2.session_core.errors import CheckpointError
 from prefect_gliner2.session_core.storage import directory_commit, fsync_dir, is_local, open_new_local, resolve
 
@@ -152,14 +151,8 @@ def store_blob(checkpoint_uri: str, payload: Payload, extension: str, *, direct:
         os.makedirs(store, mode=0o700, exist_ok=True)
         temp = os.path.join(parent, temp_name)  # beside the checkpoints: debris cleaning finds it after a kill
         try:
-            if direct:
-                with open_direct(temp) as direct_handle:
-                    entry = _emit(direct_handle, payload)  # type: ignore[arg-type]
-                    direct_handle.flush()
-                    os.fsync(direct_handle.fileno())
-            else:
-                with open_new_local(temp) as handle:
-                    entry = _emit(handle, payload)
+            with open_new_local(temp, direct=direct) as handle:
+                entry = _emit(handle, payload)
             final = os.path.join(store, blob_name(entry, extension))
             os.replace(temp, final)
         finally:
