@@ -36,12 +36,14 @@ torch.set_num_threads({threads})
 from gliner2.auto import AutoExtractor
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
 from prefect_gliner2.session_core.checkpoint import open_checkpoint
+from prefect_gliner2.session_core.session_checkpoint import prefetch_state
 from prefect_gliner2.session_core.tiny import tiny_records
 imported = time.perf_counter()
 cfg = TrainingConfig.from_dict({config!r})
 plan = ManagedTrainingPlan(tiny_records({records}, seed=3), cfg, architecture={arch!r})
 if {restore!r}:
-    open_checkpoint({ckpt!r}, min_version=1)
+    open_checkpoint({ckpt!r}, min_version=1)  # the flow side's index check
+    prefetch_state({ckpt!r})  # the worker's head start: state files read while the model is built
 session = TrainingSession(AutoExtractor.from_pretrained({model!r}), cfg, max_steps=plan.max_steps, device={device!r})
 built = time.perf_counter()
 if {restore!r}:

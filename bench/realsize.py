@@ -13,7 +13,7 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
 - checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes (and the same checkpoint written
   as a finished run's is, around the page cache: ``write_checkpoint(direct=True)``), load_state (into a fresh session)
   vs a raw read of the checkpoint's files into one reused buffer (the target's baseline) and into freshly allocated
-  memory (the first touch of every page, which a load into a fresh session pays too), all from the page cache (the
+  memory held until the end (the first touch of every page, which a load into a fresh session pays too), all from the page cache (the
   files were just written), each pair interleaved `--repeats` times; and the extra peak RSS during each (above
   the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
 - resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
@@ -23,8 +23,11 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
 - resume in a worker-like process: the same comparison in fresh interpreters started with the session worker's
   environment (``worker_environment``: its memory setting), each timed from after its imports (the same in both)
-  through the session build, the verified load (resume only) and the first batch: what a restarted worker does.
-  The in-process figure above reuses memory the previous sessions of this process freed; a worker never can.
+  through the session build, the verified load (resume only) and the first batch: what a restarted worker does,
+  including its head start (``prefetch_state``: the state files read while the model is built). Twice: from a
+  checkpoint at an optimizer-step boundary (every checkpoint of a run without gradient accumulation) and from the
+  mid-window one (pending gradients too). The in-process figure above is the plain `load_state` (no head start)
+  and reuses memory the previous sessions of this process freed; a worker never can.
 - bg vs block: training seconds lost per checkpoint written in the background vs synchronously (bench/overlap.py's
   `checkpoint_overlap`, on a fresh session; `--overlap-rounds 0` skips it).
 - flow-process RSS during a resume: `bench/flow_side_resume.py`, a separate process, imports what a flow process
@@ -196,8 +199,10 @@ def raw_read(folder: Path) -> float:
 
 
 def raw_read_fresh(folder: Path) -> float:
-    """Seconds to read every file in `folder` into freshly allocated memory of its size (what a load pays besides
-    the copy: the first touch of every page the optimizer moments and gradients land in)."""
+    """Seconds to read every file in `folder` into freshly allocated memory of its size, all of it held until the
+    last file is read, as a load holds what it reads (what a load pays besides the copy: the first touch of every
+    page the optimizer moments and gradients land in)."""
+    held = []
     started = time.perf_counter()
     for path in sorted(folder.iterdir()):
         target = torch.empty(path.stat().st_size, dtype=torch.uint8)
@@ -205,8 +210,11 @@ def raw_read_fresh(folder: Path) -> float:
         with open(path, "rb", buffering=0) as handle:
             for start in range(0, len(view), 8 << 20):
                 handle.readinto(view[start : start + (8 << 20)])
-        del view, target
-    return time.perf_counter() - started
+        held.append(target)
+        del view
+    seconds = time.perf_counter() - started
+    del held
+    return seconds
 
 
 def timed(action: Callable[[], Any]) -> tuple[float, int, int, int]:
@@ -237,6 +245,8 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     else:
         row.update(step_ratio(session, plan, args.steps, args.device))
     progress(row)
+    step_ckpt = Path(tmp) / f"ckpt-{arch}-step"  # at an optimizer-step boundary: every checkpoint of a default run
+    session.save_state(str(step_ckpt))
 
     session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
     ckpt = Path(tmp) / f"ckpt-{arch}"
@@ -290,6 +300,9 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     progress(row)
     row.update(resume_in_worker(model_dir, cfg, plan, args, ckpt))
     progress(row)
+    row.update(resume_in_worker(model_dir, cfg, plan, args, step_ckpt, prefix="worker_step"))
+    progress(row)
+    shutil.rmtree(step_ckpt)
     row.update(flow_side_rss(ckpt, plan, tmp))
     progress(row)
     shutil.rmtree(model_dir)
@@ -336,11 +349,17 @@ def resume(
 
 
 def resume_in_worker(
-    model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, args: argparse.Namespace, ckpt: Path
+    model_dir: Path,
+    cfg: TrainingConfig,
+    plan: ManagedTrainingPlan,
+    args: argparse.Namespace,
+    ckpt: Path,
+    prefix: str = "worker",
 ) -> dict[str, Any]:
     """The resume as a worker does it: a fresh interpreter with the worker's environment (its memory setting)
-    builds the session, loads the checkpoint and trains the first batch, against one that builds and trains the
-    same batch; timed from after the imports (the same in both) to the batch done. Interleaved `--repeats`."""
+    starts reading the checkpoint's state files in the background, builds the session meanwhile, loads the
+    checkpoint and trains the first batch, against one that builds and trains the same batch; timed from after the
+    imports (the same in both) to the batch done. Interleaved `--repeats`. Keys begin with `prefix`."""
 
     def start(restore: bool) -> dict[str, float]:
         return worker_start(
@@ -359,15 +378,15 @@ def resume_in_worker(
         fresh.append(start(False))
         resumed.append(start(True))
     return {
-        **figures("worker_fresh_s", [r["total"] for r in fresh]),
-        **figures("worker_resume_s", [r["total"] for r in resumed]),
-        **ratios("worker_resume_ratio", [r["total"] for r in resumed], [r["total"] for r in fresh]),
-        **figures("worker_load_s", [r["load"] for r in resumed]),
-        **figures("worker_fresh_batch_s", [r["first_batch"] for r in fresh]),
-        **figures("worker_resume_batch_s", [r["first_batch"] for r in resumed]),
-        **ratios("worker_update_ratio", [r["first_update"] for r in resumed], [r["first_update"] for r in fresh]),
-        **figures("worker_fresh_update_s", [r["first_update"] for r in fresh]),
-        **figures("worker_resume_update_s", [r["first_update"] for r in resumed]),
+        **figures(f"{prefix}_fresh_s", [r["total"] for r in fresh]),
+        **figures(f"{prefix}_resume_s", [r["total"] for r in resumed]),
+        **ratios(f"{prefix}_resume_ratio", [r["total"] for r in resumed], [r["total"] for r in fresh]),
+        **figures(f"{prefix}_load_s", [r["load"] for r in resumed]),
+        **figures(f"{prefix}_fresh_batch_s", [r["first_batch"] for r in fresh]),
+        **figures(f"{prefix}_resume_batch_s", [r["first_batch"] for r in resumed]),
+        **ratios(f"{prefix}_update_ratio", [r["first_update"] for r in resumed], [r["first_update"] for r in fresh]),
+        **figures(f"{prefix}_fresh_update_s", [r["first_update"] for r in fresh]),
+        **figures(f"{prefix}_resume_update_s", [r["first_update"] for r in resumed]),
     }
 
 
@@ -497,27 +516,42 @@ def _overlap_cell(row: dict[str, Any]) -> str:
     return f"{row['overlap_bg_vs_sync']:.2f}" if "overlap_bg_vs_sync" in row else "skipped"
 
 
+#: The worker resume rows: key prefix and what the checkpoint holds.
+WORKER_CASES = (
+    ("worker_step", "step", "at a step boundary (every checkpoint of a run without gradient accumulation)"),
+    ("worker", "mid", "mid-window (the pending gradients of an unfinished accumulation window too)"),
+)
+
+
 def print_worker_resume(rows: list[dict[str, Any]]) -> None:
     print(
-        f"\n{'arch':9} {'worker fresh s':>17} {'worker resume s':>17} {'resume/fresh':>18} {'of it load s':>17} "
-        f"{'batch s fresh':>17} {'batch s resume':>17}"
+        f"\n{'arch':9} {'ckpt':5} {'worker fresh s':>17} {'worker resume s':>17} {'resume/fresh':>18} "
+        f"{'of it load s':>17} {'batch s fresh':>17} {'batch s resume':>17}"
     )
-    for r in rows:
-        print(
-            f"{r['arch']:9} {spread(r, 'worker_fresh_s'):>17} {spread(r, 'worker_resume_s'):>17} "
-            f"{spread(r, 'worker_resume_ratio'):>18} {spread(r, 'worker_load_s'):>17} "
-            f"{spread(r, 'worker_fresh_batch_s'):>17} {spread(r, 'worker_resume_batch_s'):>17}"
-        )
+    for prefix, case, _ in WORKER_CASES:
+        for r in rows:
+            if f"{prefix}_fresh_s" not in r:
+                continue
+            print(
+                f"{r['arch']:9} {case:5} {spread(r, f'{prefix}_fresh_s'):>17} {spread(r, f'{prefix}_resume_s'):>17} "
+                f"{spread(r, f'{prefix}_resume_ratio'):>18} {spread(r, f'{prefix}_load_s'):>17} "
+                f"{spread(r, f'{prefix}_fresh_batch_s'):>17} {spread(r, f'{prefix}_resume_batch_s'):>17}"
+            )
     print(
         "worker: each start a fresh interpreter with the worker's environment (its memory setting), timed from after "
-        "its imports to the first batch done; target resume/fresh <= 1.2"
+        "its imports to the first batch done; a resume reads the checkpoint's state files while it builds the model "
+        "(as the worker does); target resume/fresh <= 1.2"
     )
-    for r in rows:
-        print(
-            f"{r['arch']:9} to the first optimizer update (a fresh start allocates its AdamW moments there, a resume "
-            f"in its load): {spread(r, 'worker_resume_update_s')} s vs {spread(r, 'worker_fresh_update_s')} s, "
-            f"{spread(r, 'worker_update_ratio')}"
-        )
+    for prefix, case, meaning in WORKER_CASES:
+        print(f"ckpt {case}: {meaning}")
+        for r in rows:
+            if f"{prefix}_fresh_s" not in r:
+                continue
+            print(
+                f"{r['arch']:9} {case:5} to the first optimizer update (a fresh start allocates its AdamW moments "
+                f"there, a resume in its load): {spread(r, f'{prefix}_resume_update_s')} s vs "
+                f"{spread(r, f'{prefix}_fresh_update_s')} s, {spread(r, f'{prefix}_update_ratio')}"
+            )
 
 
 def print_flow_side(rows: list[dict[str, Any]]) -> None:

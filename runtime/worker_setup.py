@@ -4,7 +4,8 @@ Runs in the worker process (torch and gliner2 load here, inside ``build_training
 thread counts, reads the run's manifest, loads the model (an init-weights export as the frozen base of new LoRA
 adapters), runs the pre-flight on a span model (``runtime.preflight``: a dead count head stops the run), builds the
 TrainingSession and ManagedTraining, then restores the checkpoint it is given, or loads the init weights of a fresh
-run.
+run. A checkpoint to restore starts reading before the model loads (its optimizer moments and gradients, in a
+background thread), so that most of a resume's reading overlaps the model's construction.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_gliner2.runtime.model_sources import load_model
 from prefect_gliner2.runtime.protocol import WorkerSpec
 from prefect_gliner2.session_core import layout, storage
-from prefect_gliner2.session_core.checkpoint import set_hash_threads
+from prefect_gliner2.session_core.checkpoint import discard_prefetch, set_hash_threads
 
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.managed import ManagedTraining
@@ -29,6 +30,15 @@ def build_training(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTr
 
     torch.set_num_threads(int(spec.cpu_threads))
     set_hash_threads(int(spec.cpu_threads))  # checkpoint hashing stays within the slot's CPU share too
+    if restore_uri:
+        _prefetch(restore_uri)
+    try:
+        return _build(spec, restore_uri)
+    finally:
+        discard_prefetch()  # taken by the restore; dropped when the build failed before it
+
+
+def _build(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTrainingPlan, ManagedTraining]:
     from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
 
     loaded = ManagedTrainingPlan.from_manifest(spec.manifest_uri)
@@ -76,6 +86,18 @@ def _is_native_model_dir(uri: str) -> bool:
         and not fs.exists(f"{path}/{layout.CHECKPOINT_INDEX_FILE}")
         and not fs.exists(f"{path}/{layout.ADAPTER_CONFIG_FILE}")
     )
+
+
+def _prefetch(uri: str) -> None:
+    """Read the checkpoint's optimizer moments, gradients, RNG and best weights in the background while the model
+    loads (``session_core.session_checkpoint.prefetch_state``). Only a head start: when it cannot start (e.g. a
+    damaged index), the restore reads the checkpoint itself and reports what is wrong as it always does."""
+    from prefect_gliner2.session_core.session_checkpoint import prefetch_state
+
+    try:
+        prefetch_state(uri)
+    except Exception:  # noqa: BLE001, S110 - the restore below meets the same problem and raises it properly
+        pass
 
 
 def _restore(run: Any, uri: str) -> None:

@@ -45,7 +45,8 @@ from prefect_gliner2.session_core.layout import BEST_WEIGHTS_FILE, MANAGED_STATE
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, LOSS_KEYS
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.session import TrainingSession
-from prefect_gliner2.session_core.state import read_tensors, write_tensors
+from prefect_gliner2.session_core.session_checkpoint import tensor_file
+from prefect_gliner2.session_core.state import write_tensors
 from prefect_gliner2.session_core.thresholds import Thresholds
 
 MANAGED_KIND = "managed"
@@ -303,8 +304,7 @@ class ManagedTraining:
             raise SessionStateError("ManagedTraining.load_state needs a fresh session")
         best: dict[str, torch.Tensor] | None = None
         if checkpoint.has(BEST_WEIGHTS_FILE):  # read (and verified) before the session changes
-            with checkpoint.open(BEST_WEIGHTS_FILE) as reader:
-                best = read_tensors(reader)
+            best = tensor_file(checkpoint, BEST_WEIGHTS_FILE)
         self.session.restore_payload(checkpoint)
         self._load_managed_state(state)
         self.best_state = best

@@ -8,7 +8,8 @@ verifying one: no file is ever held whole in memory, and a damaged file raises C
     format.py   the index, its version, digests and on-disk names (what a checkpoint is)
     digest.py   the file digests (BLAKE3; sha256 schemes of older formats) computed in helper threads during I/O
     writer.py   write_checkpoint (an atomic directory commit) and store_blob (the blob store)
-    reader.py   open_checkpoint / read_checkpoint, Checkpoint and its VerifiedReader, index-only queries
+    reader.py   open_checkpoint / read_checkpoint, Checkpoint and its VerifiedReader, index-only queries,
+                prefetch_checkpoint (files read in the background while the caller builds a session)
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from prefect_gliner2.session_core.checkpoint.reader import (
     checkpoint_exists,
     checkpoint_meta,
     checkpoint_refs,
+    discard_prefetch,
     open_checkpoint,
+    prefetch_checkpoint,
     read_checkpoint,
 )
 from prefect_gliner2.session_core.checkpoint.writer import Payload, store_blob, write_checkpoint
@@ -43,8 +46,10 @@ __all__ = [
     "checkpoint_exists",
     "checkpoint_meta",
     "checkpoint_refs",
+    "discard_prefetch",
     "is_blob_name",
     "open_checkpoint",
+    "prefetch_checkpoint",
     "read_checkpoint",
     "set_hash_threads",
     "store_blob",

@@ -4,13 +4,20 @@ A file is read back through a verifying reader that hashes what it hands out (in
 read) and raises at the end of the file when size or digest differ. No file is ever held whole in memory.
 `open_checkpoint` checks the index and every file's size (stat only); `read_checkpoint` also streams every file
 through the hash before returning (for callers that must know a checkpoint is intact before using it).
+
+`prefetch_checkpoint` starts reading (and verifying) some files of a checkpoint in one background thread while the
+caller does other work (a worker builds its model meanwhile); the next `open_checkpoint` of the same checkpoint
+hands those results over (`Checkpoint.prefetched`), and a reader of them gets the same data or the same error as a
+read in its own thread.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import posixpath
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -32,7 +39,9 @@ __all__ = [
     "checkpoint_exists",
     "checkpoint_meta",
     "checkpoint_refs",
+    "discard_prefetch",
     "open_checkpoint",
+    "prefetch_checkpoint",
     "read_checkpoint",
 ]
 
@@ -113,6 +122,8 @@ class Checkpoint:
         }
         for name, ref in self.refs.items():
             self._entries[name] = (posixpath.normpath(f"{path}/{ref.path}"), ref.to_dict())
+        self._index = index
+        self._prefetched: dict[str, concurrent.futures.Future[Any]] = {}
 
     @property
     def names(self) -> list[str]:
@@ -158,6 +169,39 @@ class Checkpoint:
         for name in self.names:
             with self.open(name):
                 pass
+
+    def prefetch(self, names: Iterable[str], load: Callable[[VerifiedReader], Any]) -> None:
+        """Read `names` (those this checkpoint has), one after another in one background thread, each opened with
+        `open` and handed to `load`; `prefetched(name)` returns the outcome."""
+        wanted = [name for name in names if self.has(name)]
+        jobs: dict[str, concurrent.futures.Future[Any]] = {name: concurrent.futures.Future() for name in wanted}
+
+        def read_all() -> None:
+            for name, job in jobs.items():
+                if not job.set_running_or_notify_cancel():
+                    continue
+                try:
+                    with self.open(name) as reader:
+                        result = load(reader)
+                except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the file, raised there
+                    job.set_exception(exc)
+                else:
+                    job.set_result(result)
+
+        self._prefetched.update(jobs)
+        threading.Thread(target=read_all, name="checkpoint-prefetch", daemon=True).start()
+
+    def prefetched(self, name: str) -> concurrent.futures.Future[Any] | None:
+        """The background read of `name` started by `prefetch` (once; None when there is none): `.result()` waits
+        for it and returns what `load` returned, or raises what the read raised (e.g. CheckpointDamagedError)."""
+        return self._prefetched.pop(name, None)
+
+    def discard_prefetched(self) -> None:
+        """Drop the background reads nobody took (those not started are cancelled; a running one finishes and is
+        dropped), so their memory is freed."""
+        for job in self._prefetched.values():
+            job.cancel()
+        self._prefetched.clear()
 
     def _entry(self, name: str) -> tuple[str, dict[str, Any]]:
         try:
@@ -208,9 +252,16 @@ def checkpoint_refs(uri: str) -> list[FileRef]:
     return [FileRef.from_dict(value, uri) for value in refs.values()]
 
 
+_pending_lock = threading.Lock()
+_pending: Checkpoint | None = None  # the one prefetched checkpoint the next open_checkpoint of its uri takes
+
+
 def open_checkpoint(uri: str, *, min_version: int = RESUMABLE_VERSION) -> Checkpoint:
     """The checkpoint at `uri` with its index checked and every file's size stat-checked; contents are verified as
-    they are read. `min_version` 1 admits format-1 checkpoints (for reading their weights only)."""
+    they are read. `min_version` 1 admits format-1 checkpoints (for reading their weights only). When
+    `prefetch_checkpoint` started reading this checkpoint (the same uri and the same index), the checkpoint returned
+    carries those reads (`Checkpoint.prefetched`)."""
+    global _pending
     fs, path = resolve(uri)
     path = path.rstrip("/")
     index = load_index(fs, path, uri)
@@ -218,9 +269,39 @@ def open_checkpoint(uri: str, *, min_version: int = RESUMABLE_VERSION) -> Checkp
         hint = " (it holds files but no index: an incomplete write)" if fs.exists(path) else ""
         raise CheckpointError(f"no committed checkpoint at {uri}{hint}; pass the directory a save_state call wrote")
     check_index(index, uri, min_version)
+    with _pending_lock:
+        pending, _pending = (_pending, None) if _pending is not None and _pending.uri == uri else (None, _pending)
+    if pending is not None and pending._index == index:
+        pending.check_sizes()
+        return pending
+    if pending is not None:
+        pending.discard_prefetched()
     checkpoint = Checkpoint(uri, fs, path, index)
     checkpoint.check_sizes()
     return checkpoint
+
+
+def prefetch_checkpoint(uri: str, names: Iterable[str], load: Callable[[VerifiedReader], Any]) -> None:
+    """Start reading the files `names` of the checkpoint at `uri` (those it has) in a background thread, each through
+    `load`, for the next `open_checkpoint(uri)` to hand over (one pending prefetch per process: a new one replaces
+    an untaken one). The index and sizes are checked here (CheckpointError as `open_checkpoint` raises it)."""
+    global _pending
+    discard_prefetch()
+    checkpoint = open_checkpoint(uri, min_version=1)
+    checkpoint.prefetch(names, load)
+    with _pending_lock:
+        replaced, _pending = _pending, checkpoint
+    if replaced is not None:
+        replaced.discard_prefetched()
+
+
+def discard_prefetch() -> None:
+    """Drop a prefetched checkpoint nobody opened (its reads are cancelled or dropped)."""
+    global _pending
+    with _pending_lock:
+        pending, _pending = _pending, None
+    if pending is not None:
+        pending.discard_prefetched()
 
 
 def read_checkpoint(uri: str, *, min_version: int = 1) -> Checkpoint:

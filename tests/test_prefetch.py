@@ -1,0 +1,139 @@
+"""A resume's state files read in the background while the session is built (``prefetch_state``): each file read
+once, in the prefetch thread, the same bits as a restore that reads them itself, damage reported by `load_state` as
+before, and a prefetch never handed to another checkpoint."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from prefect_gliner2.session_core import CheckpointDamagedError, ManagedTraining, TrainingSession, layout
+from prefect_gliner2.session_core.checkpoint import discard_prefetch, open_checkpoint, reader
+from prefect_gliner2.session_core.session_checkpoint import PREFETCHED_FILES, prefetch_state
+
+from support.session import (
+    assert_bitwise_equal,
+    eval_records,
+    make_config,
+    make_model,
+    make_plan,
+    run_direct,
+    snapshot,
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_prefetch_left():
+    yield
+    discard_prefetch()
+
+
+@pytest.fixture
+def opens(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(file name, thread name) of every checkpoint file opened for reading."""
+    seen: list[tuple[str, str]] = []
+    original = reader.Checkpoint.open
+
+    def spy(self: reader.Checkpoint, name: str):  # type: ignore[no-untyped-def]
+        seen.append((name, threading.current_thread().name))
+        return original(self, name)
+
+    monkeypatch.setattr(reader.Checkpoint, "open", spy)
+    return seen
+
+
+def _mid_window_checkpoint(tmp_path: Path, lora: bool = False):
+    config = make_config("span", lora)
+    plan = make_plan("span", config)
+    session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    run_direct(session, plan, stop=7)  # 2 of a 3-micro-batch window done: pending gradients are saved
+    assert session.pending_micro_batches > 0
+    uri = str(tmp_path / "ckpt")
+    session.save_state(uri)
+    tail = run_direct(session, plan, start=7)
+    return config, plan, uri, tail, snapshot(session)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_prefetched_restore_reads_each_state_file_once_in_the_background_and_continues_bitwise(tmp_path, opens, lora):
+    config, plan, uri, tail, expected = _mid_window_checkpoint(tmp_path, lora)
+    opens.clear()
+    prefetch_state(uri)  # before the model is built, as a worker does
+    resumed = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    resumed.load_state(uri)
+    assert run_direct(resumed, plan, start=7) == tail
+    assert_bitwise_equal(snapshot(resumed), expected)
+
+    state_files = [name for name in PREFETCHED_FILES if name != layout.BEST_WEIGHTS_FILE]
+    for name in state_files:
+        assert [thread for opened, thread in opens if opened == name] == ["checkpoint-prefetch"], (name, opens)
+    assert [thread for opened, thread in opens if opened == layout.WEIGHTS_FILE] == ["MainThread"]
+    assert reader._pending is None  # taken by the load
+
+
+def test_without_a_prefetch_the_restore_reads_the_state_files_itself(tmp_path, opens):
+    config, plan, uri, tail, expected = _mid_window_checkpoint(tmp_path)
+    opens.clear()
+    resumed = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    resumed.load_state(uri)
+    assert run_direct(resumed, plan, start=7) == tail
+    assert_bitwise_equal(snapshot(resumed), expected)
+    assert {thread for _, thread in opens} == {"MainThread"}
+
+
+def test_a_damaged_state_file_read_in_the_background_fails_load_state_and_leaves_the_session_fresh(tmp_path):
+    config, plan, uri, _, _ = _mid_window_checkpoint(tmp_path)
+    damaged = Path(uri) / layout.OPTIMIZER_TENSORS_FILE
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 0x01  # one bit in the last moment tensor: size unchanged, found only by the hash
+    damaged.write_bytes(bytes(data))
+    prefetch_state(uri)
+    session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    with pytest.raises(CheckpointDamagedError, match=f"{layout.OPTIMIZER_TENSORS_FILE}.*does not match"):
+        session.load_state(uri)
+    assert session.is_fresh  # nothing was restored: a fresh session, as without the prefetch
+    assert run_direct(session, plan, stop=1)  # and it still trains
+
+
+def test_a_prefetch_is_handed_only_to_the_same_checkpoint(tmp_path):
+    config, plan, uri, _, _ = _mid_window_checkpoint(tmp_path)
+    other = str(tmp_path / "other")
+    shutil.copytree(uri, other)
+    prefetch_state(uri)
+    assert open_checkpoint(other).prefetched(layout.GRADIENTS_FILE) is None  # another uri: not handed over
+    assert reader._pending is not None and reader._pending.uri == uri  # still waiting for its own
+
+    # The same uri with another index (the directory replaced meanwhile): not handed over, and dropped.
+    session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    run_direct(session, plan, stop=2)
+    shutil.rmtree(uri)
+    session.save_state(uri)
+    assert open_checkpoint(uri).prefetched(layout.GRADIENTS_FILE) is None
+    assert reader._pending is None
+
+
+def test_a_managed_restore_takes_its_best_weights_from_the_prefetch(tmp_path, opens):
+    config = make_config(
+        "span", False, eval_strategy="steps", eval_steps=1, save_best=True, num_epochs=2, metric_for_best="eval_loss"
+    )
+    plan = make_plan("span", config)
+    managed = ManagedTraining(
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+    )
+    while not managed.has_best or managed.validation_due:
+        managed.run(until=managed.cursor + 1)
+    assert managed.best_state is not None
+    uri = str(tmp_path / "managed")
+    managed.save_state(uri)
+    opens.clear()
+    prefetch_state(uri)
+    resumed = ManagedTraining(
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+    )
+    resumed.load_state(uri)
+    assert_bitwise_equal(resumed.best_state, managed.best_state)
+    assert [thread for name, thread in opens if name == layout.BEST_WEIGHTS_FILE] == ["checkpoint-prefetch"]
+    assert_bitwise_equal(snapshot(resumed.session), snapshot(managed.session))
