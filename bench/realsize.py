@@ -13,9 +13,9 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
 - checkpoint bytes, save_state vs a raw write+fsync of the same number of bytes (and the same checkpoint written
   as a finished run's is, around the page cache: ``write_checkpoint(direct=True)``), load_state (into a fresh session)
   vs a raw read of the checkpoint's files into one reused buffer (the target's baseline) and into freshly allocated
-  memory held until the end (the first touch of every page, which a load into a fresh session pays too), all from the page cache (the
-  files were just written), each pair interleaved `--repeats` times; and the extra peak RSS during each (above
-  the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
+  memory held until the end (the first touch of every page, which a load into a fresh session pays too), all from
+  the page cache (the files were just written), each pair interleaved `--repeats` times; and the extra peak RSS
+  during each (above the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
 - resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
   then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
