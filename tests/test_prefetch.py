@@ -137,3 +137,38 @@ def test_a_managed_restore_takes_its_best_weights_from_the_prefetch(tmp_path, op
     assert_bitwise_equal(resumed.best_state, managed.best_state)
     assert [thread for name, thread in opens if name == layout.BEST_WEIGHTS_FILE] == ["checkpoint-prefetch"]
     assert_bitwise_equal(snapshot(resumed.session), snapshot(managed.session))
+
+
+def test_the_worker_build_restores_through_the_prefetch_and_continues_bitwise(tmp_path, opens):
+    """`runtime.worker_setup.build_training` with a checkpoint to restore (what a restarted worker runs): the state
+    files are read in the prefetch thread, the weights in the caller's, and the run continues to the same bits."""
+    from prefect_gliner2.runtime.protocol import WorkerSpec
+    from prefect_gliner2.runtime.rundir import RunDirectory
+    from prefect_gliner2.runtime.worker_setup import build_training
+    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+
+    from support.config import training_config
+    from support.flow import make_inputs, tiny_model_dir
+
+    inputs = make_inputs(tmp_path / "data")
+    plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(training_config()), architecture="span")
+    run_dir = RunDirectory(str(tmp_path / "runs"), "prefetch")
+    run_dir.create()
+    run_dir.ensure_manifest(plan.manifest_bytes(inputs["valid"]))
+    spec = WorkerSpec(tiny_model_dir(tmp_path, "span"), run_dir.manifest_uri, 1)
+
+    _, first = build_training(spec, None)
+    first.run(until=3)  # batch 3 of 2-micro-batch windows: mid-window, pending gradients saved
+    assert first.session.pending_micro_batches > 0
+    uri = str(tmp_path / "ckpt")
+    first.save_state(uri)
+    first.run(until=plan.batch_count)
+    opens.clear()
+
+    _, resumed = build_training(spec, uri)
+    for name in (layout.RNG_FILE, layout.GRADIENTS_FILE, layout.OPTIMIZER_TENSORS_FILE):
+        assert [thread for opened, thread in opens if opened == name] == ["checkpoint-prefetch"], (name, opens)
+    assert [thread for opened, thread in opens if opened == layout.WEIGHTS_FILE] == ["MainThread"]
+    assert reader._pending is None
+    resumed.run(until=plan.batch_count)
+    assert_bitwise_equal(snapshot(resumed.session), snapshot(first.session))
