@@ -1,6 +1,6 @@
 """Benchmark report: run the plan, session, flow, chaos and real-size benchmarks side by side in one markdown table.
 
-    python bench/run_all.py                    # ~57 minutes on a 2-core machine (flow ~33, realsize ~16)
+    python bench/run_all.py                    # ~57 minutes on a 2-core machine (flow ~33, realsize ~15, chaos ~5)
     python bench/run_all.py --skip realsize    # the small-model benchmarks only
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
     python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
