@@ -44,6 +44,9 @@ __all__ = ["RunReporter", "add_listener", "mlflow_tracking", "remove_listener"]
 
 logger = logging.getLogger(__name__)
 Listener = Callable[[str, dict[str, Any]], None]
+#: Seconds an unfinished run's close waits for a labels update in flight (its state message must land before the
+#: engine records the run's end).
+LABELS_SETTLE = 2.0
 MLFLOW_TIMEOUT = 300.0  # seconds a finished run waits for its MLflow logging (the exported model's upload)
 _LISTENERS: list[Listener] = []
 
@@ -111,6 +114,7 @@ class RunReporter:
         self.message_interval = message_interval
         self.state: dict[str, Any] = {"cursor": 0, "step": 0, "epoch": 0, "loss": None, "learning_rate": None}
         self._push_queued = self._labels_queued = self._final = False
+        self._closed = False  # set by close(): no Running state is proposed after it (see close)
         # both lanes: short retries of our own (the client's 2-8 s back-off held the final flush; see prefect_ui)
         self._ui = Lane("gliner2-reporter", run_key, own_retries=30.0) if flow_run_id is not None else None
         self._labels = Lane("gliner2-labels", run_key, own_retries=30.0) if flow_run_id is not None else None
@@ -207,11 +211,18 @@ class RunReporter:
     def close(self, timeout: float = 30.0, *, labels_timeout: float = 0.0) -> None:
         """Finish the queued UI updates (bounded), then the MLflow mirror's (up to `MLFLOW_TIMEOUT` s after a
         finished run: it uploads the model; a run that ends unfinished is marked FAILED there, and its resume
-        reopens it)."""
+        reopens it).
+
+        No state message is proposed once this starts, and the labels lane gets at least `LABELS_SETTLE` s (within
+        `timeout`) to finish the one it may be sending: a run that ends by an exception (an interrupt, a failure) is
+        then recorded Crashed or Failed by Prefect's engine, and a Running state with a message proposed after that
+        would be accepted (a run may leave Crashed for Running) and leave the run showing RUNNING."""
+        self._closed = True
         if self._ui is not None and not self._ui.close(timeout):
             logger.warning("the Prefect UI updates of run %s did not finish within %s s", self.run_key, timeout)
-        if self._labels is not None and not self._labels.close(labels_timeout) and labels_timeout:
-            logger.warning("the labels of run %s were not updated within %s s", self.run_key, labels_timeout)
+        settle = max(labels_timeout, min(timeout, LABELS_SETTLE))
+        if self._labels is not None and not self._labels.close(settle) and labels_timeout:
+            logger.warning("the labels of run %s were not updated within %s s", self.run_key, settle)
         self._ui = self._labels = None
         tracking, self.tracking = self.tracking, None
         # an unfinished run (a failure, an interrupt) waits briefly: its resume logs what is missing
@@ -305,7 +316,7 @@ class RunReporter:
             "prefect-gliner2.step": s["step"],
         }
         client.update_flow_run_labels(flow_run_id, labels)
-        if not final and not self._final:  # the final message is the Completed state's
+        if not final and not self._final and not self._closed:  # the final message is the Completed state's
             set_running_message(client, flow_run_id, f"{self.run_key}: {self.where(s)}")
 
     def _upsert(self, client: Any, what: str, data: Any, description: str) -> None:
