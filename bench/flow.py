@@ -121,6 +121,8 @@ def timed(*args, **kwargs):
     marks.setdefault("first", now)
     marks["last"] = now
     marks["steps"] += 1
+    if {stream}:  # bench/flow_sliced.py: every mark as it happens
+        print(f"MARK {{now!r}} {{marks['steps']}}", flush=True)
     return result
 trainer._optimizer_step = timed
 trainer.train(train_data=records)
@@ -129,7 +131,7 @@ print("BENCH " + json.dumps(marks))
 """
 
 _FLOW = """
-import json, os, time
+import dataclasses, json, os, time
 import psutil
 from prefect_gliner2.flows.reporting import add_listener
 marks = {{}}
@@ -154,10 +156,19 @@ def listen(kind, data):
         if data.get("cursor", 0) >= data.get("batch_count", 1):
             marks["last"], marks["last_cpu"] = now, window_cpu()
             marks["window_batches"] = data["batch_count"] - marks["first_cursor"]
+        if {stream}:  # bench/flow_sliced.py: every mark as it happens
+            print(f"MARK {{now!r}} {{data.get('cursor', 0)}}", flush=True)
 add_listener(listen)
 from prefect_gliner2.flows import driver
 observe = driver._observe
+def unstopped(seconds):  # bench/flow_sliced.py: a unit's seconds less the times this run was stopped in them
+    now = time.time()
+    with open(os.environ["BENCH_STOPS"], encoding="utf-8") as handle:
+        stops = [tuple(map(float, line.split())) for line in handle if line.strip()]
+    return seconds - sum(max(0.0, min(end, now) - max(start, now - seconds)) for start, end in stops)
 def timed(grain, result):  # the worker's own seconds training each unit's batches (validation excluded)
+    if {stream}:  # stopped time out of the automatic grain's and cadence's measurement: they see unstopped units
+        result = dataclasses.replace(result, seconds=unstopped(result.seconds))
     marks["worker_batches"] = marks.get("worker_batches", 0) + result.trained
     marks["worker_seconds"] = marks.get("worker_seconds", 0.0) + result.seconds
     return observe(grain, result)
@@ -246,6 +257,18 @@ def window_cpu(marks: dict[str, Any]) -> dict[str, float]:
     return {f"window_{key}": marks["last_cpu"][key] - marks["first_cpu"][key] for key in marks["first_cpu"]}
 
 
+def native_script(model: str, data: str, threads: int, out: str, *, stream: bool = False) -> str:
+    """The native run's script (`stream`: also print each batch mark as it happens, "MARK <time> <batches>")."""
+    return _NATIVE.format(threads=threads, data=data, config=CONFIG, out=out, model=model, stream=stream)
+
+
+def flow_script(model: str, data: str, threads: int, key: str, storage: str, *, stream: bool = False) -> str:
+    """The flow run's script (`stream`: also print each progress mark as it happens, "MARK <time> <cursor>")."""
+    return _FLOW.format(
+        model=model, data=data, config=CONFIG, key=key, storage=storage, threads=threads, device=DEVICE, stream=stream
+    )
+
+
 def native_run(
     model: str, data: str, threads: int, work: Path, server: list[Any], *, retain: bool = False
 ) -> dict[str, float]:
@@ -253,7 +276,7 @@ def native_run(
     from prefect_gliner2.runtime.spawn import worker_environment
 
     out = tempfile.mkdtemp(prefix="native-", dir=work)
-    script = _NATIVE.format(threads=threads, data=data, config=CONFIG, out=out, model=model)
+    script = native_script(model, data, threads, out)
     memory = worker_environment({}) if retain else {}
     return launch(script, dict(os.environ, PYTHONPATH=str(ROOT), **ENV, **memory), server)
 
@@ -261,9 +284,7 @@ def native_run(
 def flow_run(
     model: str, data: str, threads: int, work: Path, key: str, api: str, server: list[Any]
 ) -> dict[str, float]:
-    script = _FLOW.format(
-        model=model, data=data, config=CONFIG, key=key, storage=str(work / "runs"), threads=threads, device=DEVICE
-    )
+    script = flow_script(model, data, threads, key, str(work / "runs"))
     pids = ",".join(str(process.pid) for process in server)
     env = dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=api, BENCH_SERVER_PIDS=pids, **ENV)
     return launch(script, env, server)

@@ -194,6 +194,26 @@ def flow_rows(results: list[dict[str, Any]]) -> list[Row]:
     return out
 
 
+def sliced_rows(results: list[dict[str, Any]]) -> list[Row]:
+    """bench/flow_sliced.py --json: the flow's cost per batch against native train() in alternating time slices."""
+    out: list[Row] = []
+    for r in results:
+        turns = f"{r['seconds']:.0f} s each in turns of {r['slice_s']:g} s"
+        name = f"{r['case']}, native step {r['step_s'] * 1000:.0f} ms, {turns}"
+        ratios = r["block_ratios"]
+        sizes = [unit[0] for unit in r["flow_units"]]
+        out.append(
+            (
+                f"flow vs native, cost per batch, alternating slices ({name})",
+                f"{r['ratio']:.3f}",
+                f"{r['flow_s'] * 1e3:.2f} vs {r['native_s'] * 1e3:.2f} ms per batch over the whole window; blocks "
+                f"{_median_range(ratios)}, {r['interval']} over {len(ratios)} blocks; flow tasks of "
+                f"{_median_range(sizes, '.0f')} batches; target <= 1.05",
+            )
+        )
+    return out
+
+
 def memory_rows(results: list[dict[str, Any]]) -> list[Row]:
     """bench/memory.py --json: training updates with glibc's defaults and with the worker's memory setting."""
     import statistics
@@ -402,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated benchmarks to skip: plan,session,flow,memory,checkpoint,chaos,realsize",
+        help="comma-separated benchmarks to skip: plan,session,flow,sliced,memory,checkpoint,chaos,realsize",
     )
     parser.add_argument("--flow-repeat", type=int, default=3, help="pairs of runs of bench/flow.py")
     parser.add_argument("--flow-minutes", type=float, default=1.0, help="bench/flow.py's native run, in minutes")
+    parser.add_argument("--sliced-seconds", type=float, default=240.0, help="bench/flow_sliced.py, each side")
+    parser.add_argument("--sliced-turn", type=float, default=0.5, help="bench/flow_sliced.py's turns, in seconds")
     parser.add_argument("--device", default="cpu", help="where session.py and flow.py train: cpu or cuda")
     parser.add_argument("--bf16", action="store_true", help="session.py and flow.py in bf16 (CUDA with native bf16)")
     args = parser.parse_args(argv)
@@ -426,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
             raw[f"bench/flow.py {' '.join(flow_args)}"] = out
             if code == 0:
                 rows += flow_rows(json.loads(Path(f"{tmp}/flow.json").read_text()))
+        if "sliced" not in skip:
+            sliced_args = ["--seconds", str(args.sliced_seconds), "--slice", str(args.sliced_turn), *on]
+            out, _, code = run("flow_sliced.py", *sliced_args, "--json", f"{tmp}/sliced.json", timeout=3600)
+            raw[f"bench/flow_sliced.py {' '.join(sliced_args)}"] = out
+            if code == 0:
+                rows += sliced_rows(json.loads(Path(f"{tmp}/sliced.json").read_text()))
         if "memory" not in skip:
             out, _, code = run("memory.py", "--json", f"{tmp}/memory.json", timeout=1800)
             raw["bench/memory.py"] = out
