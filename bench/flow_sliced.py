@@ -20,10 +20,11 @@ one after the other.
 
 Each run prints a mark as it happens (native: every optimizer step; flow: every training task's result reaching the
 flow, with the plan cursor). A side's cost per batch is its running time (the slices it ran) over the batches its
-marks advanced in that time, the cursor interpolated linearly in running time between marks. Printed per case: the
-ratio of the two over the whole window and per block (the windows between the flow's marks, at least ``--block``
-seconds of the flow's running time each), with the blocks' median, spread and the 95% t-interval of their mean (the
-resolution achieved), the two sides' ms per batch, and the flow's task sizes during the window.
+marks advanced in that time, the cursor interpolated linearly in running time between marks, both sides over the
+same wall-clock windows (from one of the flow's marks to another). Printed per case: the ratio of the two over the
+whole window and per block (the windows between the flow's marks, at least ``--block`` seconds of the flow's running
+time each), with the blocks' median, spread and the 95% t-interval of their mean (the resolution achieved), the two
+sides' ms per batch, and the flow's task sizes during the window.
 
 What the slicing would change, and what is done about it: the automatic task grain and checkpoint cadence time the
 worker by the wall clock, so a stop inside a task would make it look slower and the grain would form smaller tasks
@@ -59,21 +60,49 @@ NATIVE_WARMUP_S = 3.0  # native training before its first stop (past its first s
 FLOW_WARMUP_S = 20.0  # the flow's training before its first stop: the automatic grain grows x4 per task to ~5 s
 
 
-class Side:
+class Timeline:
+    """One side's marks and the intervals it ran during the alternation."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.marks: list[tuple[float, int]] = []  # (the run's clock, batches done / plan cursor)
+        self.slices: list[tuple[float, float]] = []  # running intervals during the alternation, in order
+        self._before: list[float] = []
+        self._lock = threading.Lock()
+
+    def running(self, moment: float) -> float:
+        """Running time of the alternation up to `moment` (seconds of its slices before it)."""
+        if len(self._before) != len(self.slices):  # the running time before each slice, cumulated once
+            self._before = [0.0]
+            for start, end in self.slices[:-1]:
+                self._before.append(self._before[-1] + end - start)
+        i = bisect_right(self.slices, (moment, float("inf"))) - 1
+        if i < 0:
+            return 0.0
+        start, end = self.slices[i]
+        return self._before[i] + min(end, moment) - start
+
+    def curve(self) -> tuple[list[float], list[int]]:
+        """(running time, count) at each mark inside the alternation window."""
+        first, last = self.slices[0][0], self.slices[-1][1]
+        with self._lock:
+            marks = [(t, c) for t, c in self.marks if first <= t <= last]
+        return [self.running(t) for t, _ in marks], [c for _, c in marks]
+
+
+class Side(Timeline):
     """One run (native or flow) as a process tree that can be stopped and continued, its marks and running time."""
 
     def __init__(self, name: str, script: str, env: dict[str, str], stops: Path | None = None) -> None:
         import psutil
 
-        self.name, self.stops, self.stopped_at = name, stops, None
+        super().__init__(name)
+        self.stops, self.stopped_at = stops, None
         self.process = subprocess.Popen(
             [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         self.root = psutil.Process(self.process.pid)
-        self.marks: list[tuple[float, int]] = []  # (the run's clock, batches done / plan cursor)
-        self.slices: list[tuple[float, float]] = []  # running intervals during the alternation
         self.stderr: list[str] = []
-        self._lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=lambda: self.stderr.extend(self.process.stderr), daemon=True).start()  # type: ignore[arg-type]
 
@@ -136,17 +165,6 @@ class Side:
         self.signal(signal.SIGCONT)
         self.process.wait(timeout=60)
 
-    def running(self, moment: float) -> float:
-        """Running time of the alternation up to `moment` (seconds of its slices before it)."""
-        return sum(max(0.0, min(end, moment) - start) for start, end in self.slices)
-
-    def curve(self) -> tuple[list[float], list[int]]:
-        """(running time, count) at each mark inside the alternation window."""
-        first, last = self.slices[0][0], self.slices[-1][1]
-        with self._lock:
-            marks = [(t, c) for t, c in self.marks if first <= t <= last]
-        return [self.running(t) for t, _ in marks], [c for _, c in marks]
-
 
 def count_at(xs: list[float], ys: list[int], x: float) -> float | None:
     """The count at running time `x`, linear between the marks around it (None outside the marks)."""
@@ -159,7 +177,7 @@ def count_at(xs: list[float], ys: list[int], x: float) -> float | None:
     return float(y0) if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def per_batch(side: Side, lo: float, hi: float) -> float | None:
+def per_batch(side: Timeline, lo: float, hi: float) -> float | None:
     """Seconds of running time per batch between running times `lo` and `hi` (None: no marks around both)."""
     xs, ys = side.curve()
     a, b = count_at(xs, ys, lo), count_at(xs, ys, hi)
@@ -168,7 +186,7 @@ def per_batch(side: Side, lo: float, hi: float) -> float | None:
     return (hi - lo) / (b - a)
 
 
-def per_batch_between(side: Side, lo: float, hi: float) -> float | None:
+def per_batch_between(side: Timeline, lo: float, hi: float) -> float | None:
     """Seconds of running time per batch between wall-clock moments `lo` and `hi` of the alternation."""
     return per_batch(side, side.running(lo), side.running(hi))
 
@@ -220,23 +238,7 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
             native.kill()
             if flowside is not None:
                 flowside.kill()
-    # blocks between the flow's own marks (exact counts there), of at least `--block` running seconds each; the
-    # native side over the same wall-clock windows (its marks every step, so its interpolation is close)
-    stamps = [t for t, _ in flowside.marks if flowside.slices[0][0] <= t <= flowside.slices[-1][1]]
-    blocks, begin = [], 0
-    for end in range(1, len(stamps)):
-        lo, hi = stamps[begin], stamps[end]
-        if flowside.running(hi) - flowside.running(lo) < args.block:
-            continue
-        n, f = per_batch_between(native, lo, hi), per_batch_between(flowside, lo, hi)
-        if n and f:
-            blocks.append({"native": n, "flow": f, "ratio": f / n})
-        begin = end
-    total_n, total_f = per_batch(native, *_span(native)), per_batch(flowside, *_span(flowside))
-    assert total_n and total_f, "no batches between the marks of the alternation: make --seconds longer"
-    ratios = [b["ratio"] for b in blocks]
-    xs, ys = flowside.curve()
-    units = [(ys[i] - ys[i - 1], xs[i] - xs[i - 1]) for i in range(1, len(ys)) if ys[i] > ys[i - 1]]
+    figures = measure(native, flowside, args.block)
     return {
         "case": case["name"],
         "model": case["model"],
@@ -244,13 +246,8 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
         "slice_s": args.slice,
         "block_s": args.block,
         "seconds": args.seconds,
-        "native_s": total_n,
-        "flow_s": total_f,
-        "ratio": total_f / total_n,
-        "blocks": blocks,
-        "block_ratios": ratios,
-        "interval": flow.interval(ratios) if ratios else "",
-        "flow_units": units,
+        **figures,
+        "interval": flow.interval(figures["block_ratios"]) if figures["block_ratios"] else "",
         "raw": {  # every mark and running interval of both sides (for analyses this script does not print)
             side.name: {"marks": side.marks, "slices": side.slices} for side in (native, flowside)
         },
@@ -259,9 +256,37 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
     }
 
 
-def _span(side: Side) -> tuple[float, float]:
-    xs, _ = side.curve()
-    return xs[0], xs[-1]
+def measure(native: Timeline, flowside: Timeline, block: float) -> dict[str, Any]:
+    """Both sides' running seconds per batch over the whole window and per block; the flow's tasks (batches, running
+    seconds). Blocks lie between the flow's own marks (exact counts there), at least `block` seconds of the flow's
+    running time each; the native side is counted over the same wall-clock windows (its marks come every step, so
+    its interpolation is close)."""
+    stamps = [t for t, _ in flowside.marks if flowside.slices[0][0] <= t <= flowside.slices[-1][1]]
+    blocks, begin = [], 0
+    for end in range(1, len(stamps)):
+        lo, hi = stamps[begin], stamps[end]
+        if flowside.running(hi) - flowside.running(lo) < block:
+            continue
+        n, f = per_batch_between(native, lo, hi), per_batch_between(flowside, lo, hi)
+        if n and f:
+            blocks.append({"native": n, "flow": f, "ratio": f / n})
+        begin = end
+    # the whole window: from the flow's first mark to its last, both sides over the same wall-clock window
+    total_n, total_f = (
+        per_batch_between(side, stamps[0], stamps[-1]) if len(stamps) > 1 else None for side in (native, flowside)
+    )
+    if not total_n or not total_f:
+        raise SystemExit("no batches between the marks of the alternation: make --seconds longer")
+    xs, ys = flowside.curve()
+    units = [(ys[i] - ys[i - 1], xs[i] - xs[i - 1]) for i in range(1, len(ys)) if ys[i] > ys[i - 1]]
+    return {
+        "native_s": total_n,
+        "flow_s": total_f,
+        "ratio": total_f / total_n,
+        "blocks": blocks,
+        "block_ratios": [b["ratio"] for b in blocks],
+        "flow_units": units,
+    }
 
 
 def report(result: dict[str, Any]) -> list[str]:
