@@ -261,7 +261,12 @@ def measure(native: Timeline, flowside: Timeline, block: float) -> dict[str, Any
     seconds). Blocks lie between the flow's own marks (exact counts there), at least `block` seconds of the flow's
     running time each; the native side is counted over the same wall-clock windows (its marks come every step, so
     its interpolation is close)."""
-    stamps = [t for t, _ in flowside.marks if flowside.slices[0][0] <= t <= flowside.slices[-1][1]]
+    # the flow's marks inside the alternation and inside the native's first and last marks there (a count is known
+    # only between marks: past the native's last one its cursor is not)
+    with native._lock:
+        inside = [t for t, _ in native.marks if native.slices[0][0] <= t <= native.slices[-1][1]]
+    lo, hi = max(flowside.slices[0][0], inside[0]), min(flowside.slices[-1][1], inside[-1])
+    stamps = [t for t, _ in flowside.marks if lo <= t <= hi]
     blocks, begin = [], 0
     for end in range(1, len(stamps)):
         lo, hi = stamps[begin], stamps[end]

@@ -1,16 +1,16 @@
 """Benchmark report: run the plan, session, flow, chaos and real-size benchmarks side by side in one markdown table.
 
-    python bench/run_all.py                    # ~57 minutes on a 2-core machine (flow ~33, realsize ~15, chaos ~5)
+    python bench/run_all.py                    # ~85 minutes on a 2-core machine (flow ~33, sliced ~28, realsize ~15)
     python bench/run_all.py --skip realsize    # the small-model benchmarks only
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
     python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
 
 Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py: the flow against native
-train() at three step times, runs of ~2 min, bench/memory.py: updates with and without the worker's memory
-setting, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the
-gliner2-base shape, ~5 GB of RAM); its figures are parsed from its --json output where it has one, else from its
-printed table. The report holds the command, the
-machine (CPU model, cores, torch version), one table of ratios and every script's raw output.
+train() at three step times, runs of ~2 min, bench/flow_sliced.py: the same two taking turns of 0.5 s for 240 s
+each, the cost per batch with the host's noise on both alike, bench/memory.py: updates with and without the worker's
+memory setting, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the gliner2-base shape, ~5 GB of RAM);
+its figures are parsed from its --json output where it has one, else from its printed table. The report holds the
+command, the machine (CPU model, cores, torch version), one table of ratios and every script's raw output.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def run(script: str, *args: str, timeout: float) -> tuple[str, float, int]:
 
 
 Row = tuple[str, str, str]  # (measurement, ratio, detail)
+FIVE_MINUTES = 300.0  # seconds of native training in the extrapolated run
 
 
 def session_rows(rows: list[dict[str, Any]]) -> list[Row]:
@@ -209,6 +210,39 @@ def sliced_rows(results: list[dict[str, Any]]) -> list[Row]:
                 f"{r['flow_s'] * 1e3:.2f} vs {r['native_s'] * 1e3:.2f} ms per batch over the whole window; blocks "
                 f"{_median_range(ratios)}, {r['interval']} over {len(ratios)} blocks; flow tasks of "
                 f"{_median_range(sizes, '.0f')} batches; target <= 1.05",
+            )
+        )
+    return out
+
+
+def five_minute_rows(flows: list[dict[str, Any]], sliced: list[dict[str, Any]]) -> list[Row]:
+    """A 5-minute run's wall-time ratio from bench/flow.py's fixed costs (start-up to exit, medians) and
+    bench/flow_sliced.py's cost per batch (the ratio measured in alternating slices, with its interval)."""
+    import statistics
+
+    out: list[Row] = []
+    for s in sliced:
+        f = next((r["figures"] for r in flows if r["case"] == s["case"]), None)
+        if f is None or not s["block_ratios"]:
+            continue
+        fixed_n, fixed_f = (statistics.median(f["fixed"][v]) for v in ("native", "flow"))
+        ratios = s["block_ratios"]
+        half = 0.0
+        if len(ratios) > 1:
+            from scipy import stats
+
+            half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / len(ratios) ** 0.5
+
+        def wall(per_batch_ratio: float, fixed_n: float = fixed_n, fixed_f: float = fixed_f) -> float:
+            return (fixed_f + FIVE_MINUTES * per_batch_ratio) / (fixed_n + FIVE_MINUTES)
+
+        low, high = wall(statistics.fmean(ratios) - half), wall(statistics.fmean(ratios) + half)
+        out.append(
+            (
+                f"flow vs native, wall time of a 5-minute run, fixed costs and sliced cost per batch ({s['case']})",
+                f"{wall(s['ratio']):.3f}",
+                f"fixed {fixed_f:.1f} vs {fixed_n:.1f} s (bench/flow.py, medians) + 300 s of native training at the "
+                f"sliced ratio {s['ratio']:.3f}; {low:.3f}-{high:.3f} with the blocks' 95% interval; target <= 1.05",
             )
         )
     return out
@@ -436,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows: list[Row] = []
     raw: dict[str, str] = {}
+    flow_results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-all-") as tmp:
         if "session" not in skip:
             out, _, code = run("session.py", "--repeats", "3", *on, "--json", f"{tmp}/session.json", timeout=1200)
@@ -447,13 +482,15 @@ def main(argv: list[str] | None = None) -> int:
             out, _, code = run("flow.py", *flow_args, "--json", f"{tmp}/flow.json", timeout=7200)
             raw[f"bench/flow.py {' '.join(flow_args)}"] = out
             if code == 0:
-                rows += flow_rows(json.loads(Path(f"{tmp}/flow.json").read_text()))
+                flow_results = json.loads(Path(f"{tmp}/flow.json").read_text())
+                rows += flow_rows(flow_results)
         if "sliced" not in skip:
             sliced_args = ["--seconds", str(args.sliced_seconds), "--slice", str(args.sliced_turn), *on]
             out, _, code = run("flow_sliced.py", *sliced_args, "--json", f"{tmp}/sliced.json", timeout=3600)
             raw[f"bench/flow_sliced.py {' '.join(sliced_args)}"] = out
             if code == 0:
-                rows += sliced_rows(json.loads(Path(f"{tmp}/sliced.json").read_text()))
+                sliced_results = json.loads(Path(f"{tmp}/sliced.json").read_text())
+                rows += sliced_rows(sliced_results) + five_minute_rows(flow_results, sliced_results)
         if "memory" not in skip:
             out, _, code = run("memory.py", "--json", f"{tmp}/memory.json", timeout=1800)
             raw["bench/memory.py"] = out

@@ -58,10 +58,24 @@ def test_each_sides_cost_per_batch_and_their_ratio_per_block() -> None:
     assert figures["native_s"] == pytest.approx(0.010, rel=1e-6)
     assert figures["flow_s"] == pytest.approx(0.0125, rel=1e-6)
     assert figures["ratio"] == pytest.approx(1.25, rel=1e-6)
-    assert len(figures["block_ratios"]) == 13  # 200 s of the flow's running time, marks every 5 s, blocks >= 15 s
-    assert figures["block_ratios"] == pytest.approx([1.25] * 13, rel=1e-3)
+    # the flow's marks every 5 s of its running time, from 5 s; the last (at 400.0 by the wall clock) is past the
+    # native's last (399.5): 190 s of the flow's running time between its marks, in blocks of >= 15 s
+    assert len(figures["block_ratios"]) == 12
+    assert figures["block_ratios"] == pytest.approx([1.25] * 12, rel=1e-3)
     assert {batches for batches, _ in figures["flow_units"]} == {400}  # 5 s of running at 12.5 ms
     assert all(seconds == pytest.approx(5.0) for _, seconds in figures["flow_units"])
+
+
+def test_the_flows_marks_past_the_natives_last_are_left_out() -> None:
+    """The flow's turn comes last, so its last mark can fall after the native's last: no count of the native's is
+    known there, and the whole window ends at the flow's last mark before it."""
+    turns = [(float(t), t + 0.5) for t in range(0, 100)]
+    native = timeline("native", turns, per_batch=0.030, mark_every=1)  # its last mark at 99.47, before its turn ends
+    flowside = timeline("flow", [(a + 0.5, b + 0.5) for a, b in turns], per_batch=0.0125, mark_every=40)
+    assert flowside.marks[-1][0] > native.marks[-1][0]
+    figures = flow_sliced.measure(native, flowside, block=5.0)
+    assert figures["ratio"] == pytest.approx(0.0125 / 0.030, rel=1e-3)
+    assert figures["block_ratios"] == pytest.approx([0.0125 / 0.030] * len(figures["block_ratios"]), rel=1e-2)
 
 
 def test_a_slower_stretch_on_both_sides_leaves_the_ratio() -> None:
