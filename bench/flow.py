@@ -395,15 +395,19 @@ def spread(values: list[float], fmt: str = ".2f") -> str:
     return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def interval(values: list[float]) -> str:
-    """The mean of paired ratios with its 95% t-interval half-width (what the benchmark can resolve)."""
-    mean = statistics.fmean(values)
+def half_width(values: list[float]) -> float | None:
+    """The 95% t-interval half-width of the mean of `values` (None for fewer than two)."""
     if len(values) < 2:
-        return f"mean {mean:.3f}"
+        return None
     from scipy import stats
 
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
-    return f"mean {mean:.3f} +- {half:.3f} (95%)"
+    return float(stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5)
+
+
+def interval(values: list[float]) -> str:
+    """The mean of paired ratios with its 95% t-interval half-width (what the benchmark can resolve)."""
+    mean, half = statistics.fmean(values), half_width(values)
+    return f"mean {mean:.3f}" if half is None else f"mean {mean:.3f} +- {half:.3f} (95%)"
 
 
 def report(result: dict[str, Any]) -> list[str]:

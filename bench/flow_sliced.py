@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,6 +249,8 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
         "seconds": args.seconds,
         **figures,
         "interval": flow.interval(figures["block_ratios"]) if figures["block_ratios"] else "",
+        "block_mean": statistics.fmean(figures["block_ratios"]) if figures["block_ratios"] else None,
+        "block_half_width": flow.half_width(figures["block_ratios"]),
         "raw": {  # every mark and running interval of both sides (for analyses this script does not print)
             side.name: {"marks": side.marks, "slices": side.slices} for side in (native, flowside)
         },

@@ -223,20 +223,15 @@ def five_minute_rows(flows: list[dict[str, Any]], sliced: list[dict[str, Any]]) 
     out: list[Row] = []
     for s in sliced:
         f = next((r["figures"] for r in flows if r["case"] == s["case"]), None)
-        if f is None or not s["block_ratios"]:
+        if f is None or s["block_mean"] is None:
             continue
         fixed_n, fixed_f = (statistics.median(f["fixed"][v]) for v in ("native", "flow"))
-        ratios = s["block_ratios"]
-        half = 0.0
-        if len(ratios) > 1:
-            from scipy import stats
-
-            half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / len(ratios) ** 0.5
+        mean, half = s["block_mean"], s["block_half_width"] or 0.0
 
         def wall(per_batch_ratio: float, fixed_n: float = fixed_n, fixed_f: float = fixed_f) -> float:
             return (fixed_f + FIVE_MINUTES * per_batch_ratio) / (fixed_n + FIVE_MINUTES)
 
-        low, high = wall(statistics.fmean(ratios) - half), wall(statistics.fmean(ratios) + half)
+        low, high = wall(mean - half), wall(mean + half)
         out.append(
             (
                 f"flow vs native, wall time of a 5-minute run, fixed costs and sliced cost per batch ({s['case']})",
