@@ -33,6 +33,7 @@ from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.rundir import RunDirectory, checkpoint_position
 from prefect_gliner2.session_core.layout import BLOB_DIR, CHECKPOINTS_DIR
 from prefect_gliner2.session_core.layout import CHECKPOINT_INDEX_FILE as INDEX_FILE
+from prefect_gliner2.session_core.storage import is_local
 
 __all__ = [
     "ENV_CPU_THREADS",
@@ -165,13 +166,32 @@ def prune_blobs(run_dir: RunDirectory) -> list[str]:
 
 
 def disk_used(run_dir: RunDirectory) -> dict[str, Any]:
-    """Bytes stored under the run directory, and under its checkpoints/ folder."""
+    """Bytes stored under the run directory, and under its checkpoints/ folder (on local storage a file linked
+    under two names, e.g. an export sharing its last checkpoint's weights, counts once)."""
     fs = run_dir.fs
-    total = int(fs.du(run_dir.path)) if fs.exists(run_dir.path) else 0
-    folder = f"{run_dir.path}/{CHECKPOINTS_DIR}"
-    checkpoints = int(fs.du(folder)) if fs.exists(folder) else 0
+    total = _bytes_under(fs, run_dir.path)
+    checkpoints = _bytes_under(fs, f"{run_dir.path}/{CHECKPOINTS_DIR}")
     return {
         "disk_bytes": total,
         "checkpoint_bytes": checkpoints,
         "checkpoints_kept": len(run_dir.committed_checkpoints()),
     }
+
+
+def _bytes_under(fs: Any, path: str) -> int:
+    if not fs.exists(path):
+        return 0
+    if not is_local(fs):
+        return int(fs.du(path))
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                stat = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:  # removed meanwhile (retention)
+                continue
+            if (stat.st_dev, stat.st_ino) not in seen:
+                seen.add((stat.st_dev, stat.st_ino))
+                total += stat.st_size
+    return total

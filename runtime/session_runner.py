@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_gliner2.runtime.background import BackgroundWrite
 from prefect_gliner2.runtime.faults import FaultPlan
@@ -51,6 +51,9 @@ from prefect_gliner2.runtime.protocol import (
 from prefect_gliner2.runtime.worker_setup import build_training
 from prefect_gliner2.session_core import layout, storage
 
+if TYPE_CHECKING:
+    from prefect_gliner2.session_core.native_save import SameBytes
+
 __all__ = ["HANDLERS", "SessionRunner"]
 
 _WRITTEN_KEPT = 64  # background writes remembered for CommitCheckpoint (operations sent ahead are at most 64)
@@ -68,6 +71,7 @@ class SessionRunner:
         self.threads = torch.get_num_threads()
         self._writer: BackgroundWrite | None = None  # the one background checkpoint write in flight
         self._written: dict[str, CheckpointResult] = {}  # background writes that ended, newest last (bounded)
+        self._last_committed: tuple[str, int] | None = None  # (uri, step) of the newest checkpoint committed here
         self.trained_batches = 0  # batches trained by this worker, and the seconds they took (no validation)
         self.trained_seconds = 0.0
 
@@ -190,6 +194,7 @@ class SessionRunner:
         if existing is not None:
             if existing.get("plan_fingerprint") != self.plan.fingerprint or existing.get("cursor") != run.cursor:
                 raise _checkpoint_conflict(uri, existing, run.cursor)
+            self._last_committed = (uri, run.session.step)
             return dataclasses.replace(info, committed=True, existing=True)
         storage.remove_uncommitted(uri)  # debris of an interrupted write (we hold the lease)
         self.faults.hit("checkpoint", index)
@@ -199,6 +204,7 @@ class SessionRunner:
             return dataclasses.replace(info, pending=True)
         with self._uploads("checkpoint-write", index):
             digest = run.save_state(uri, before_commit=self._point("checkpoint-write", index))
+        self._last_committed = (uri, run.session.step)
         return dataclasses.replace(info, committed=True, existing=False, index_sha256=digest)
 
     def commit_checkpoint(self, request: CommitCheckpoint) -> CheckpointResult:
@@ -226,6 +232,7 @@ class SessionRunner:
         digest = writer.wait()
         written = dataclasses.replace(writer.info, committed=True, existing=False, index_sha256=digest)
         self._written[writer.uri] = written
+        self._last_committed = (writer.uri, written.step)
         while len(self._written) > _WRITTEN_KEPT:
             del self._written[next(iter(self._written))]
 
@@ -249,9 +256,21 @@ class SessionRunner:
             record = existing
         else:
             before_commit = self._point("export-write", self.plan.batch_count - 1)
+            same = self._checkpoint_weights(run.best_step if label == "best" else run.session.step)
             with self._uploads("export-write", self.plan.batch_count - 1):
-                record = run.export_weights(uri, which=request.which, before_commit=before_commit)
+                record = run.export_weights(uri, which=request.which, before_commit=before_commit, same_bytes=same)
         return ExportResult.from_record(record, uri, label, self.summary(Summary()))
+
+    def _checkpoint_weights(self, step: int | None) -> SameBytes | None:
+        """The weights file of the newest checkpoint committed by this worker, when it was taken at `step` and is
+        local: an export of the same weights links it instead of writing them again (``native_save``, which
+        compares the bytes first)."""
+        from prefect_gliner2.session_core.native_save import checkpoint_weights_file  # torch: the worker's import
+
+        committed = self._last_committed
+        if committed is None or step is None or committed[1] != step:
+            return None
+        return checkpoint_weights_file(committed[0])
 
     def summary(self, request: Summary) -> SummaryResult:
         """The native summary; the per-step training history only when asked (validation history is small: kept)."""

@@ -43,6 +43,7 @@ from prefect_gliner2.session_core.errors import (
 from prefect_gliner2.session_core.evaluation import evaluate_session
 from prefect_gliner2.session_core.layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, LOSS_KEYS
+from prefect_gliner2.session_core.native_save import SameBytes
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.session import TrainingSession
 from prefect_gliner2.session_core.session_checkpoint import tensor_file
@@ -351,10 +352,14 @@ class ManagedTraining:
         which: str = "best",
         merged: bool = False,
         before_commit: Callable[[], None] | None = None,
+        same_bytes: SameBytes | None = None,
     ) -> dict[str, Any]:
         """Export the best model (default, when validation selected one) or the final model, with its fitted
-        thresholds and trained schema: ``managed_export.export_managed``."""
-        return managed_export.export_managed(self, uri, which=which, merged=merged, before_commit=before_commit)
+        thresholds and trained schema: ``managed_export.export_managed`` (`same_bytes`: a local file holding the
+        weights' bytes, see ``weights.export_weights``)."""
+        return managed_export.export_managed(
+            self, uri, which=which, merged=merged, before_commit=before_commit, same_bytes=same_bytes
+        )
 
     def trained_schema(self) -> dict[str, Any]:
         """What the model was trained to extract, as a gliner2 schema dict: ``managed_export.trained_schema``."""

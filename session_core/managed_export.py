@@ -23,6 +23,7 @@ from prefect_gliner2.session_core.weights import export_weights, state_loaded
 
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.managed import ManagedTraining
+    from prefect_gliner2.session_core.native_save import SameBytes
     from prefect_gliner2.session_core.session import TrainingSession
 
 __all__ = ["eval_batches", "export_managed", "fit_thresholds", "records_hash", "trained_schema"]
@@ -35,11 +36,13 @@ def export_managed(
     which: str = "best",
     merged: bool = False,
     before_commit: Callable[[], None] | None = None,
+    same_bytes: SameBytes | None = None,
 ) -> dict[str, Any]:
     """Export the best model (default, when validation selected one) or the final model; export.json names the
     step its weights come from and, with validation extraction, the thresholds fitted for them (`fit_thresholds`).
 
-    `before_commit` runs when the export's files are written, just before they are committed."""
+    `before_commit` runs when the export's files are written, just before they are committed; `same_bytes`: see
+    ``weights.export_weights``."""
     if which not in ("best", "final"):
         raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
     best = which == "best" and training.best_state is not None
@@ -55,6 +58,7 @@ def export_managed(
         thresholds=fitted.to_dict() if fitted is not None else None,
         schema=training.trained_schema(),
         before_commit=before_commit,
+        same_bytes=same_bytes,
     )
 
 

@@ -40,7 +40,7 @@ from prefect_gliner2.session_core.layout import (
     MODEL_WEIGHTS_INDEX_FILE,
     WEIGHTS_FILE,
 )
-from prefect_gliner2.session_core.native_save import weights_written_direct
+from prefect_gliner2.session_core.native_save import SameBytes, weights_written_direct
 from prefect_gliner2.session_core.state import (
     base_weights,
     canonical_name,
@@ -231,6 +231,7 @@ def export_weights(
     thresholds: Mapping[str, Any] | None = None,
     schema: Mapping[str, Any] | None = None,
     before_commit: Callable[[], None] | None = None,
+    same_bytes: SameBytes | None = None,
 ) -> dict[str, Any]:
     """Export the live model (or `state`, a detached weights dict of the same kind a checkpoint holds, taken at
     `step`: export.json names the step the exported weights come from). `thresholds` (``Thresholds.to_dict()``)
@@ -238,7 +239,9 @@ def export_weights(
     schema dict) under ``schema``.
 
     `before_commit` runs when every file is written, just before the export is committed (renamed into place on
-    local storage; export.json written last elsewhere); if it raises, nothing is committed."""
+    local storage; export.json written last elsewhere); if it raises, nothing is committed. `same_bytes` names a
+    local file (e.g. the weights of the checkpoint written at this step) a local export links instead of writing
+    the same bytes again, when they are the same (``native_save``)."""
     if merged and not session.is_lora:
         raise WeightsError("merged=True applies to LoRA sessions only; a full-weight export is already merged")
     if state is not None and step is None:
@@ -263,7 +266,7 @@ def export_weights(
         staging = commit.local_dir()
         # local exports: the weights go around the page cache, hashed while written (``native_save``)
         writing: AbstractContextManager[dict[str, str]] = (
-            weights_written_direct(staging) if commit.direct else nullcontext({})
+            weights_written_direct(staging, same_bytes) if commit.direct else nullcontext({})
         )
         with writing as digests:
             if not session.is_lora and state is None:

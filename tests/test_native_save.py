@@ -18,9 +18,10 @@ import prefect_gliner2.session_core.commits as commits
 import prefect_gliner2.session_core.weights as weights
 from prefect_gliner2.session_core import ManagedTraining, TrainingSession, direct_io
 from prefect_gliner2.session_core.checkpoint import read_checkpoint
-from prefect_gliner2.session_core.layout import MODEL_WEIGHTS_FILE
-from prefect_gliner2.session_core.native_save import weights_written_direct
+from prefect_gliner2.session_core.layout import MODEL_WEIGHTS_FILE, WEIGHTS_FILE
+from prefect_gliner2.session_core.native_save import SameBytes, checkpoint_weights_file, weights_written_direct
 from prefect_gliner2.session_core.state import SAFETENSORS_RANK, file_tensors_digest, tensors_digest, write_tensors
+from prefect_gliner2.session_core.weights import load_exported_model
 
 from support.session import make_config, make_model, make_plan, run_direct
 
@@ -101,7 +102,7 @@ def test_an_export_is_the_same_directory_either_way(
     session = TrainingSession(make_model(architecture), config, max_steps=plan.max_steps)
     run_direct(session, plan, stop=2)
     direct_info = session.export_weights(str(tmp_path / "direct"), merged=lora)
-    monkeypatch.setattr(weights, "weights_written_direct", lambda directory: contextlib.nullcontext({}))
+    monkeypatch.setattr(weights, "weights_written_direct", lambda directory, same=None: contextlib.nullcontext({}))
     cached_info = session.export_weights(str(tmp_path / "cached"), merged=lora)
     _same_tree(tmp_path / "cached", tmp_path / "direct")
     assert direct_info["weights_sha256"] == cached_info["weights_sha256"]
@@ -133,3 +134,86 @@ def test_only_a_finished_runs_checkpoint_is_written_around_the_cache(
     finally:
         run.close()
     read_checkpoint(str(tmp_path / "finished"))  # every file verified against its recorded hash
+
+
+def _inode(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+def test_an_export_of_the_checkpointed_weights_links_the_checkpoints_file(tmp_path: Path) -> None:
+    """A finished run's export of the weights its last checkpoint holds shares that checkpoint's file: the same
+    export directory and digest as one written in full, the checkpoint still intact, the export still whole after
+    the checkpoint is pruned."""
+    config = make_config("span", False)
+    plan = make_plan("span", config)
+    run = ManagedTraining(TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan)
+    try:
+        run.run()
+        final = tmp_path / "final"
+        run.save_state(str(final))
+        same = checkpoint_weights_file(str(final))
+        assert same is not None and same.path == str(final / WEIGHTS_FILE)
+        assert same.bytes == os.path.getsize(final / WEIGHTS_FILE)
+        linked_info = run.export_weights(str(tmp_path / "linked"), which="final", same_bytes=same)
+        written_info = run.export_weights(str(tmp_path / "written"), which="final")
+    finally:
+        run.close()
+    assert _inode(tmp_path / "linked" / MODEL_WEIGHTS_FILE) == _inode(final / WEIGHTS_FILE)
+    assert _inode(tmp_path / "written" / MODEL_WEIGHTS_FILE) != _inode(final / WEIGHTS_FILE)
+    _same_tree(tmp_path / "linked", tmp_path / "written")
+    assert linked_info["weights_sha256"] == written_info["weights_sha256"]
+    read_checkpoint(str(final))  # every file verified against its recorded hash
+    import shutil
+
+    shutil.rmtree(final)  # retention prunes the checkpoint: the export keeps its file
+    loaded = load_exported_model(str(tmp_path / "linked"))
+    reference = load_exported_model(str(tmp_path / "written"))
+    for (name, left), (_, right) in zip(loaded.state_dict().items(), reference.state_dict().items(), strict=True):
+        assert left.equal(right), name
+
+
+def test_other_bytes_or_a_failed_link_are_written_in_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = make_config("span", False)
+    plan = make_plan("span", config)
+    session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    first, second = [i for i in range(plan.batch_count) if plan.is_update(i)][:2]
+    run_direct(session, plan, stop=first + 1)
+    earlier = tmp_path / "earlier"
+    session.save_state(str(earlier))
+    same = checkpoint_weights_file(str(earlier))
+    assert same is not None
+    reference = session.export_weights(str(tmp_path / "reference"))
+    # the weights on disk are not what this export holds (another step): written, not linked
+    run_direct(session, plan, start=first + 1, stop=second + 1)
+    moved = weights.export_weights(session, str(tmp_path / "moved"), same_bytes=same)
+    assert _inode(tmp_path / "moved" / MODEL_WEIGHTS_FILE) != _inode(earlier / WEIGHTS_FILE)
+    assert moved["weights_sha256"] != reference["weights_sha256"]
+    assert moved["weights_sha256"] == file_tensors_digest(str(tmp_path / "moved" / MODEL_WEIGHTS_FILE))
+    # the same digest recorded, but the file on disk has another size (damaged): written
+    session.save_state(str(tmp_path / "later"))
+    later = checkpoint_weights_file(str(tmp_path / "later"))
+    assert later is not None
+    copy = tmp_path / "short.safetensors"
+    copy.write_bytes(Path(later.path).read_bytes()[:-8])
+    damaged = SameBytes(str(copy), later.blake3, later.bytes)
+    short = weights.export_weights(session, str(tmp_path / "short"), same_bytes=damaged)
+    assert _inode(tmp_path / "short" / MODEL_WEIGHTS_FILE) != _inode(copy)
+
+    # the link itself fails (another filesystem): written
+    def cross_device(source: str, target: str) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    elsewhere = weights.export_weights(session, str(tmp_path / "elsewhere"), same_bytes=later)
+    session.close()
+    for name in ("short", "elsewhere"):
+        _same_tree(tmp_path / name, tmp_path / "moved")
+    assert short["weights_sha256"] == elsewhere["weights_sha256"] == moved["weights_sha256"]
+
+
+def test_only_a_committed_local_checkpoint_offers_its_weights(tmp_path: Path) -> None:
+    assert checkpoint_weights_file("memory://somewhere/step-000001-batch-000000") is None
+    assert checkpoint_weights_file(str(tmp_path / "nothing-here")) is None
+    (tmp_path / "uncommitted").mkdir()
+    (tmp_path / "uncommitted" / WEIGHTS_FILE).write_bytes(b"no index")
+    assert checkpoint_weights_file(str(tmp_path / "uncommitted")) is None

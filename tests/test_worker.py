@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 import textwrap
@@ -98,6 +99,38 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_p
         worker.close()
     direct = reference_export(run["model"], run, training_config(), tmp_path / "direct")
     assert_same_export(str(tmp_path / "export"), direct)
+    # the last checkpoint (batch 3) holds other weights than the export: its file is not shared
+    assert _inode(f"{checkpoint}/weights.safetensors") != _inode(tmp_path / "export" / "model.safetensors")
+
+
+def _inode(path: str | Path) -> int:
+    return os.stat(path).st_ino
+
+
+def test_an_export_at_the_last_checkpoints_step_shares_its_weights_file(run: dict[str, str], tmp_path: Path) -> None:
+    """The run's last checkpoint and a final export of the same weights: one file on disk (linked after the bytes
+    were compared), the export the same as one written in full, the checkpoint still verifying."""
+    from prefect_gliner2.session_core.checkpoint import read_checkpoint
+
+    plan = ManagedTrainingPlan(run["train"], TrainingConfig.from_dict(training_config()), architecture="span")
+    last = plan.batch_count - 1
+    checkpoint = str(tmp_path / "last")
+    worker = _worker(run)
+    try:
+        assert worker.call(Checkpoint(index=last, uri=checkpoint)).committed  # advances to the end itself
+        worker.call(Export(uri=str(tmp_path / "linked"), which="final"))
+    finally:
+        worker.close()
+    assert _inode(f"{checkpoint}/weights.safetensors") == _inode(tmp_path / "linked" / "model.safetensors")
+    fresh = _worker(run)  # a fresh worker has committed no checkpoint here: it writes the export in full
+    try:
+        fresh.call(Advance(first=0, through=last))
+        fresh.call(Export(uri=str(tmp_path / "written"), which="final"))
+    finally:
+        fresh.close()
+    assert os.stat(tmp_path / "written" / "model.safetensors").st_nlink == 1
+    assert_same_export(str(tmp_path / "linked"), str(tmp_path / "written"))
+    read_checkpoint(checkpoint)
 
 
 def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path: Path) -> None:

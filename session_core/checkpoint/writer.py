@@ -29,7 +29,7 @@ from prefect_gliner2.session_core.checkpoint.format import (
 from prefect_gliner2.session_core.errors import CheckpointError
 from prefect_gliner2.session_core.storage import directory_commit, fsync_dir, is_local, open_new_local, resolve
 
-__all__ = ["Payload", "store_blob", "write_checkpoint"]
+__all__ = ["Payload", "payload_entry", "store_blob", "write_checkpoint"]
 
 #: Written pieces shorter than this are gathered into one buffer of this size before they are hashed and written
 #: (a caller may reuse a small buffer at once; one hash call and one write per MiB instead of one per tensor).
@@ -94,6 +94,22 @@ def _emit(handle: IO[bytes], payload: Payload) -> dict[str, Any]:
     else:
         payload(writer)  # type: ignore[arg-type]
     return writer.entry()
+
+
+class _Discard:
+    """A stream that keeps nothing (``payload_entry``)."""
+
+    def write(self, data: Any) -> int:
+        return len(memoryview(data))
+
+    def flush(self) -> None:
+        pass
+
+
+def payload_entry(payload: Payload) -> dict[str, Any]:
+    """The index entry (digest and size) `payload` would get in a checkpoint, computed without writing it: the
+    same stream and hash a checkpoint's file goes through, its bytes discarded."""
+    return _emit(_Discard(), payload)  # type: ignore[arg-type]
 
 
 def _sha256(data: bytes) -> str:
