@@ -5,6 +5,7 @@ separate runs on a shared host.
     python bench/flow_sliced.py                        # tiny (~15 ms), ~100 ms and ~1 s steps, 240 s each (~27 min)
     python bench/flow_sliced.py --cases tiny --seconds 300 --slice 2 --json out.json
     python bench/flow_sliced.py --quick                # a short run: checks the script
+    python bench/flow_sliced.py --cases 1s --native-memory worker   # native with the flow worker's malloc setting
 
 Why: on this project's VMs a training step's speed moves by 10% and more within seconds and between minutes (the
 host's other guests); separate runs of a minute each, native then flow, differ by that much, and their ratio's 95%
@@ -221,7 +222,13 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
     with local_prefect_server() as api:
         server = ",".join(str(p.pid) for p in psutil.Process().children(recursive=True))
         out = tempfile.mkdtemp(prefix="native-", dir=work)
-        native = Side("native", flow.native_script(case["model"], data, threads, out, stream=True), env)
+        memory = {}
+        if args.native_memory == "worker":  # the allocator taken out of the comparison, as bench/flow.py's "retaining"
+            from prefect_gliner2.runtime.spawn import worker_environment
+
+            memory = worker_environment({})
+        native_env = dict(env, **memory)
+        native = Side("native", flow.native_script(case["model"], data, threads, out, stream=True), native_env)
         flowside = None
         try:
             wait_for_training(native, NATIVE_WARMUP_S)
@@ -247,6 +254,7 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
         "slice_s": args.slice,
         "block_s": args.block,
         "seconds": args.seconds,
+        "native_memory": args.native_memory,
         **figures,
         "interval": flow.interval(figures["block_ratios"]) if figures["block_ratios"] else "",
         "block_mean": statistics.fmean(figures["block_ratios"]) if figures["block_ratios"] else None,
@@ -300,7 +308,8 @@ def measure(native: Timeline, flowside: Timeline, block: float) -> dict[str, Any
 def report(result: dict[str, Any]) -> list[str]:
     ratios, overall = result["block_ratios"], result["ratio"]
     lines = [
-        f"{result['case']} ({result['model']}, native step {result['step_s'] * 1000:.0f} ms when calibrated), "
+        f"{result['case']} ({result['model']}, native step {result['step_s'] * 1000:.0f} ms when calibrated"
+        f"{', native with the worker memory setting' if result.get('native_memory') == 'worker' else ''}), "
         f"slices of {result['slice_s']:g} s, {result['native_running']:.0f} / {result['flow_running']:.0f} s "
         "running (native / flow):",
         f"  per batch, flow/native, whole window  {overall:.3f}   "
@@ -331,6 +340,12 @@ def main() -> None:
     parser.add_argument("--block", type=float, default=15.0, help="running seconds per side in each reported block")
     parser.add_argument("--flow-warmup", type=float, default=FLOW_WARMUP_S, help="flow training before the first stop")
     parser.add_argument("--threads", type=int, help="torch threads of both (default: the flow's default)")
+    parser.add_argument(
+        "--native-memory",
+        choices=("default", "worker"),
+        default="default",
+        help="the native run's malloc: glibc's default (as users start it) or the flow worker's setting",
+    )
     parser.add_argument("--json", help="also write the figures and the raw marks and slices as JSON to this file")
     parser.add_argument("--device", help="cpu or cuda for the flow's worker (native gliner2 uses CUDA when present)")
     parser.add_argument("--bf16", action="store_true", help="bf16 in both (CUDA with native bf16 only)")
