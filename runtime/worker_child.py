@@ -72,8 +72,8 @@ def _exit_after_close() -> NoReturn:
     """Exit at once after "close": the session is released and every write settled (``SessionRunner.close``), and
     nothing of this process is needed after it. Returning instead would end in ``sys.exit`` (multiprocessing's spawn
     entry point) and the interpreter's finalization, whose garbage collection over torch's, transformers' and
-    gliner2's objects took 1.5-2.3 s on the ~1 s bench model: time the flow process's exit and every
-    ``SessionWorker.close(wait=True)`` spent waiting. Only the standard streams and logging need flushing first."""
+    gliner2's objects took most of the 2.18 s ``SessionWorker.close()`` waited on the ~1 s bench model (0.36 s
+    with this exit; ``bench/run_end.py``). Only the standard streams and logging need flushing first."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
