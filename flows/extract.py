@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from pydantic import Field
 
+from prefect_gliner2.flows.context import interrupts_surface
 from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job
 from prefect_gliner2.tasks.extract import commit_extraction, extract_chunk
 
@@ -47,32 +48,33 @@ def extract_flow(
         chunk_size: Texts longer than this many words are split into overlapping windows (gliner2's chunking).
         chunk_overlap: Words shared by adjacent windows.
     """
-    logger = get_run_logger()
-    reference = f"{registry_root.rstrip('/')}/{model_name}" + (f"@{version}" if version else "")
-    settings = ExtractSettings(
-        labels=labels,
-        threshold=threshold,
-        batch_size=batch_size,
-        records_per_chunk=records_per_task,
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-    )
-    job = prepare_job(reference, data, out, settings)
-    if job.committed is not None:
-        logger.info("%s is already complete (%d line(s)); nothing to do", job.out, job.committed["records"])
-        return {**job.committed, "already_committed": True}
-    logger.info(
-        "extracting %d record(s) in %d chunk task(s) with %s; threshold %s",
-        job.input.records,
-        job.input.chunks,
-        job.model.describe(),
-        job.threshold_source,
-    )
-    records = []
-    for index in range(job.input.chunks):
-        state = extract_chunk(job.work, job.key, index, return_state=True)
-        info = dict(state.result())
-        info["reused"] = bool(info["reused"]) or state.name == "Cached"
-        records.append(info)
-    summary: dict[str, Any] = commit_extraction(job.work, job.key, records)
-    return summary
+    with interrupts_surface():
+        logger = get_run_logger()
+        reference = f"{registry_root.rstrip('/')}/{model_name}" + (f"@{version}" if version else "")
+        settings = ExtractSettings(
+            labels=labels,
+            threshold=threshold,
+            batch_size=batch_size,
+            records_per_chunk=records_per_task,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+        )
+        job = prepare_job(reference, data, out, settings)
+        if job.committed is not None:
+            logger.info("%s is already complete (%d line(s)); nothing to do", job.out, job.committed["records"])
+            return {**job.committed, "already_committed": True}
+        logger.info(
+            "extracting %d record(s) in %d chunk task(s) with %s; threshold %s",
+            job.input.records,
+            job.input.chunks,
+            job.model.describe(),
+            job.threshold_source,
+        )
+        records = []
+        for index in range(job.input.chunks):
+            state = extract_chunk(job.work, job.key, index, return_state=True)
+            info = dict(state.result())
+            info["reused"] = bool(info["reused"]) or state.name == "Cached"
+            records.append(info)
+        summary: dict[str, Any] = commit_extraction(job.work, job.key, records)
+        return summary

@@ -33,7 +33,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed, State
 
-from prefect_gliner2.flows.context import flow_run_id
+from prefect_gliner2.flows.context import flow_run_id, interrupts_surface
 from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings, TrainingSettings
 from prefect_gliner2.flows.promotion_settings import DEFAULT_PROMOTION, PromotionSettings
 from prefect_gliner2.flows.report_text import artifact_key
@@ -110,27 +110,28 @@ def retrain_flow(
         execution: Batches per task, operations sent ahead, the device, and the torch threads of the training and
             scoring processes.
     """
-    rule = promotion.to_rule()
-    registry = ModelRegistry(registry_root, model_name)
-    label_run({"prefect-gliner2.model": model_name})
-    data = data_fingerprint(train_data, valid_data)
-    training = config.to_training_config()
-    inputs = inputs_fingerprint(data, training, base_model)
-    current, latest = registry.current(), registry.latest()
-    if latest is not None and latest.lineage.get("inputs_fingerprint") == inputs:
-        return _unchanged(registry, latest, current, data["data_fingerprint"])
-    run_key = retrain_run_key(model_name, inputs, current)
-    _announce(model_name, data["data_fingerprint"], latest, current, run_key, base_model)
-    comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
-    summary = _train_candidate(
-        run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution
-    )
-    scores = _score(str(summary["export"]), current, base_model, comparison, training, execution)
-    guard = GUARD if guard_data is not None else None
-    decision = decide_from_scores(scores, rule, test=comparison["source"], guard=guard)
-    trained = _training_lineage(scores, current, summary, run_key, comparison)
-    lineage = _lineage(data, inputs, model_name, base_model, trained, training, decision, comparison)
-    return _register(registry, str(summary["export"]), lineage, current)
+    with interrupts_surface():
+        rule = promotion.to_rule()
+        registry = ModelRegistry(registry_root, model_name)
+        label_run({"prefect-gliner2.model": model_name})
+        data = data_fingerprint(train_data, valid_data)
+        training = config.to_training_config()
+        inputs = inputs_fingerprint(data, training, base_model)
+        current, latest = registry.current(), registry.latest()
+        if latest is not None and latest.lineage.get("inputs_fingerprint") == inputs:
+            return _unchanged(registry, latest, current, data["data_fingerprint"])
+        run_key = retrain_run_key(model_name, inputs, current)
+        _announce(model_name, data["data_fingerprint"], latest, current, run_key, base_model)
+        comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
+        summary = _train_candidate(
+            run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution
+        )
+        scores = _score(str(summary["export"]), current, base_model, comparison, training, execution)
+        guard = GUARD if guard_data is not None else None
+        decision = decide_from_scores(scores, rule, test=comparison["source"], guard=guard)
+        trained = _training_lineage(scores, current, summary, run_key, comparison)
+        lineage = _lineage(data, inputs, model_name, base_model, trained, training, decision, comparison)
+        return _register(registry, str(summary["export"]), lineage, current)
 
 
 def _announce(

@@ -39,6 +39,7 @@ from uuid import UUID
 from prefect import flow, get_run_logger
 from pydantic import Field, ValidationError
 
+from prefect_gliner2.flows.context import interrupts_surface
 from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.prefect_ui import run_logger
 from prefect_gliner2.flows.report_text import artifact_key
@@ -129,25 +130,26 @@ def sweep_flow(
         point_retries: How often this sweep retries a point whose flow run crashes while it waits (the retry
             resumes it exactly); a point found crashed or failed when the sweep starts or resumes is retried too.
     """
-    logger = get_run_logger()
-    validate_run_key(sweep_key)
-    todo = sweep_points(base, grid, points, sweep_key)
-    logger.info("sweep %s: %d points, at most %d at once", sweep_key, len(todo), max_parallel)
-    runs: dict[str, Any] = {}
-    retried: dict[str, int] = {}
-    waiting = list(todo)
-    while waiting or any(_state(run) not in FINAL for run in runs.values()):
-        active = sum(_state(run) not in FINAL for run in runs.values())
-        while waiting and active < max_parallel:
-            point = waiting.pop(0)
-            runs[point["run_key"]] = _launch(point, base, sweep_key, deployment)
-            active += 1
-        time.sleep(poll_seconds)
-        runs = {key: _refresh(run) for key, run in runs.items()}
-        runs.update(_retry_crashed(runs, retried, point_retries))
-    rows = leaderboard_rows(todo, runs, base)
-    _publish(sweep_key, rows)
-    return sweep_outcome(sweep_key, rows)
+    with interrupts_surface():
+        logger = get_run_logger()
+        validate_run_key(sweep_key)
+        todo = sweep_points(base, grid, points, sweep_key)
+        logger.info("sweep %s: %d points, at most %d at once", sweep_key, len(todo), max_parallel)
+        runs: dict[str, Any] = {}
+        retried: dict[str, int] = {}
+        waiting = list(todo)
+        while waiting or any(_state(run) not in FINAL for run in runs.values()):
+            active = sum(_state(run) not in FINAL for run in runs.values())
+            while waiting and active < max_parallel:
+                point = waiting.pop(0)
+                runs[point["run_key"]] = _launch(point, base, sweep_key, deployment)
+                active += 1
+            time.sleep(poll_seconds)
+            runs = {key: _refresh(run) for key, run in runs.items()}
+            runs.update(_retry_crashed(runs, retried, point_retries))
+        rows = leaderboard_rows(todo, runs, base)
+        _publish(sweep_key, rows)
+        return sweep_outcome(sweep_key, rows)
 
 
 def sweep_outcome(sweep_key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:

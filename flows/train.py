@@ -25,7 +25,7 @@ from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.states import Completed
 
-from prefect_gliner2.flows.context import run_hooks
+from prefect_gliner2.flows.context import interrupts_surface, run_hooks
 from prefect_gliner2.flows.driver import DriveResult, drive
 from prefect_gliner2.flows.events import emit_run_event, emit_start
 from prefect_gliner2.flows.params import (
@@ -117,16 +117,17 @@ def train_flow(
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
     """
     config_given = config.to_training_config() if config else None
-    prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
-    check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
-    options = run_options(export_to, init_weights, checkpointing, execution, lease)
-    with open_run(prepared, options, run_hooks()) as run:
-        if run.done is not None:
-            get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
-            message = f"{run.run_key}: already complete; model at {run.export_uri}"
-            return _completed_state(message, run.completed_summary())
-        summary, where = _train(run, checkpointing, execution)
-        return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+    with interrupts_surface():
+        prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
+        check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
+        options = run_options(export_to, init_weights, checkpointing, execution, lease)
+        with open_run(prepared, options, run_hooks()) as run:
+            if run.done is not None:
+                get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
+                message = f"{run.run_key}: already complete; model at {run.export_uri}"
+                return _completed_state(message, run.completed_summary())
+            summary, where = _train(run, checkpointing, execution)
+            return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
 
 
 def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings) -> tuple[dict[str, Any], str]:

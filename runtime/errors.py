@@ -13,6 +13,7 @@ cause/context chain: retrying in seconds only repeats the failure); it is True f
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 from typing import Any
 
 from prefect_gliner2.session_core.errors import (
@@ -27,6 +28,7 @@ from prefect_gliner2.session_core.errors import (
 )
 
 __all__ = [
+    "exception_chain",
     "LeaseUnreadableError",
     "RunConflictError",
     "RunKeyError",
@@ -44,14 +46,21 @@ __all__ = [
 PERMANENT_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
 
 
-def permanent_storage_errno(exc: BaseException | None) -> int | None:
-    """The errno of a full / size-limited / read-only storage failure in ``exc``'s cause/context chain, else None."""
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc`, then the exception it was raised from or while handling (``__cause__``, else ``__context__``), and so
+    on, as a traceback prints them; each once."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in PERMANENT_STORAGE_ERRNOS:
-            return exc.errno
+        yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def permanent_storage_errno(exc: BaseException | None) -> int | None:
+    """The errno of a full / size-limited / read-only storage failure in ``exc``'s cause/context chain, else None."""
+    for linked in exception_chain(exc):
+        if isinstance(linked, OSError) and linked.errno in PERMANENT_STORAGE_ERRNOS:
+            return linked.errno
     return None
 
 

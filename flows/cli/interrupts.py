@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import NoReturn
 
+from prefect_gliner2.runtime.errors import exception_chain
+
 __all__ = ["RESUME_HINT", "Terminated", "exit_now", "exit_status", "handling_signals", "report_interrupt"]
 
 RESUME_HINT = "interrupted; run the same command again to resume from the last checkpoint"
@@ -55,7 +57,16 @@ def handling_signals() -> Iterator[None]:
 
 def exit_status(exc: BaseException) -> int | None:
     """128 + the signal number for an interrupt (KeyboardInterrupt: SIGINT; ``Terminated`` or Prefect's
-    ``TerminationSignal``: its signal), ``None`` for any other exception."""
+    ``TerminationSignal``: its signal), also when `exc` was raised while handling one (its cause/context chain),
+    ``None`` for any other exception."""
+    for linked in exception_chain(exc):
+        status = _signal_status(linked)
+        if status is not None:
+            return status
+    return None
+
+
+def _signal_status(exc: BaseException) -> int | None:
     if isinstance(exc, KeyboardInterrupt):
         return 128 + signal.SIGINT
     if isinstance(exc, Terminated):
