@@ -23,7 +23,7 @@ from prefect_gliner2.flows.cli.interrupts import exit_status
 from prefect_gliner2.flows.context import interrupt_behind
 
 from support.config import training_config
-from support.flow import assert_same_export, make_space, reference_export, with_threads
+from support.flow import assert_same_export, make_inputs, reference_export, tiny_model_dir, with_threads
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -45,7 +45,7 @@ def test_sigterm_while_a_task_run_is_created_crashes_the_flow_run_and_resumes_ex
     from prefect_gliner2.flows.context import flow_run_id
     from prefect_gliner2.flows.train import train_flow
 
-    space = make_space(tmp_path)
+    space = {"inputs": make_inputs(tmp_path / "data"), "span": tiny_model_dir(tmp_path, "span")}
     original = prefect.task_engine._create_task_run_locally
     seen: dict[str, Any] = {}
 
