@@ -5,7 +5,7 @@ run it has not created yet, and its crash handler raises ``ValueError("Task run 
 ``flows.context.interrupts_surface`` the flow run ends FAILED and the console script exits with 1 instead of 143 (a
 CI run of ``test_interrupts.py`` hit exactly that window). Here the window is hit on purpose: the test wraps Prefect's
 ``prefect.task_engine._create_task_run_locally`` (a test-only patch of an internal) so that it sends this process a
-real SIGTERM as it creates the first checkpoint task run; Prefect's own flow-run SIGTERM handler then raises inside
+real SIGTERM as it creates the second checkpoint task run; Prefect's own flow-run SIGTERM handler then raises inside
 the task engine's creation step (and once the flow run is recorded, sends it again to the handler it replaced: here
 one that only records it, so that it does not end the pytest process).
 """
@@ -51,7 +51,9 @@ def test_sigterm_while_a_task_run_is_created_crashes_the_flow_run_and_resumes_ex
 
     def creating(*args: Any, **kwargs: Any) -> Any:
         task = kwargs.get("task")
-        if task is not None and task.name == "checkpoint" and "flow_run_id" not in seen:
+        if task is not None and task.name == "checkpoint":
+            seen["checkpoints"] = seen.get("checkpoints", 0) + 1
+        if seen.get("checkpoints") == 2 and "flow_run_id" not in seen:  # an earlier checkpoint is committed by now
             seen["flow_run_id"] = flow_run_id()
             handler = signal.getsignal(signal.SIGTERM)
             assert callable(handler), f"no SIGTERM handler of the flow run's engine here ({handler!r})"
@@ -86,7 +88,7 @@ def test_sigterm_while_a_task_run_is_created_crashes_the_flow_run_and_resumes_ex
 
     monkeypatch.setattr(prefect.task_engine, "_create_task_run_locally", original)
     summary = train_flow(**params)
-    assert summary["resumed_from_batch"] is not None
+    assert summary["resumed_from_batch"] > 0, summary  # from a committed checkpoint, not from scratch
     reference = reference_export(space["span"], space["inputs"], training_config(), tmp_path / "reference")
     assert_same_export(summary["export"], reference)
 
