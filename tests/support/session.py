@@ -79,7 +79,8 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 
 def run_child(module: str, args: dict[str, Any], timeout: int = 300) -> dict[str, Any]:
     """Run ``python -m support.<module>`` in a fresh interpreter with JSON args; returns its JSON result."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PYTHONHASHSEED="123")
+    path = [str(TESTS), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONHASHSEED="123")
     proc = subprocess.run(
         [sys.executable, "-m", f"support.{module}", json.dumps(args)],
         capture_output=True,
