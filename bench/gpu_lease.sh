@@ -2,8 +2,9 @@
 # The CUDA checks that fit one short GPU lease (about 9 minutes of one modern GPU), for a machine whose Python
 # already holds CUDA PyTorch but not this project's other dependencies:
 #   bash bench/gpu_lease.sh [OUT_DIR]
-# With a folder .whl/ of wheels beside it (this project's dependencies but torch, for the machine's Python; see the
-# README's "GPU"), they and this checkout (editable) are installed into that Python first, with no index.
+# With a folder .whl/ of wheels beside it (this project's dependencies but torch, for the machine's Python: made here
+# by `.venv/bin/python bench/gpu_wheels.py`, carried with the device tool's `carry: [".whl"]`), they and this
+# checkout (editable) are installed into that Python first, with no index.
 # Then, each step under its own time limit so that a slow one cannot take the others' time, output to OUT_DIR:
 #   the CUDA suite (tests/test_training_session_cuda.py: span/boundary x fp32/bf16 x full/LoRA, bitwise
 #   continuation in a fresh process), bench/session.py on CUDA in fp32 and bf16, bench/flow.py's ~1 s case on CUDA
