@@ -18,9 +18,8 @@ demo: setup
 	$(VENV)/bin/prefect-gliner2 demo
 
 # Two pytest processes, each file kept in one of them (module fixtures built once): 22.8 -> 13.0 min on 2 cores.
-# Files go out in collection order, which tests/conftest.py starts with the longest (LONGEST_FILES).
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # PostgreSQL for the fleet tests (a Prefect server on Postgres): Debian's packages when no initdb is found.
 postgres:

@@ -1,16 +1,17 @@
 """Where the test command's time goes, per file, and how xdist's file scheduling spends it on two processes.
 
-    .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=0 -vv > /tmp/suite.log
+    .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=0 -vv > /tmp/suite.log   # make test's options
     .venv/bin/python bench/suite_files.py /tmp/suite.log
 
 Reads every ``--durations=0`` line of the log (setup, call and teardown of each test), sums them per file, collects
 the suite (``pytest --collect-only -q``, for each file's tests in order) and replays pytest-xdist's ``loadfile``
 scheduling (3.x: a process takes the next whole file from the queue whenever it has at most 2 tests left) on two
-processes with these durations, for two queue orders: xdist's default (files with the most tests first) and
-``tests/conftest.py``'s ``LONGEST_FILES`` first (what ``make test`` uses). Printed: the per-file table, and each
-order's makespan (the replayed wall time, start-up and collection left out) and the idle time of the process that
-finishes first. The replay is a model of the scheduler with measured test times, so both orders are compared on the
-same times, not on two runs of a noisy host.
+processes with these durations, for two queue orders: xdist's default (files with the most tests first, what
+``make test`` uses) and the longest files first (``--no-loadscope-reorder`` with the files ordered by these
+durations). Printed: the per-file table, each order's makespan (the replayed wall time, start-up and collection left
+out) and the idle time of the process that finishes first, and the lower bound (half the test time, or the longest
+file). The replay is a model of the scheduler with measured test times, so both orders are compared on the same
+times, not on two runs of a noisy host; when the default is near the bound, only shorter tests shorten the suite.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def durations(log: Path) -> dict[str, float]:
 
 
 def collection() -> list[str]:
-    """The suite's node ids in collection order (conftest's reordering included), as `make test` selects them."""
+    """The suite's node ids in collection order, as `make test` selects them."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly"],
         cwd=ROOT,
@@ -94,12 +95,12 @@ def main() -> int:
     print(f"{'file':48} {'tests':>5} {'seconds':>8} {'share':>6}")
     for name, times in sorted(by_file.items(), key=lambda item: -sum(item[1]))[:25]:
         print(f"{name:48} {len(times):5d} {sum(times):8.1f} {sum(times) / total:6.1%}")
-    conftest_order = list(by_file.items())  # the collection order already has conftest's LONGEST_FILES first
+    longest_first = sorted(by_file.items(), key=lambda item: -sum(item[1]))
     # xdist's default: the files in pytest's own order (by name), then most tests first (a stable sort)
     default_order = sorted(by_file.items(), key=lambda item: (-len(item[1]), item[0]))
     for label, order in (
         ("xdist's default (most tests first)", default_order),
-        ("LONGEST_FILES first", conftest_order),
+        ("the longest files first", longest_first),
     ):
         makespan, idle = replay(order)
         print(f"two processes, {label:36} {makespan:7.1f} s, the first to finish idles {idle:6.1f} s")

@@ -35,34 +35,3 @@ def prefect_server() -> Iterator[str]:
 
     with local_prefect_server() as url:
         yield url
-
-
-# The longest test files, longest first (seconds of one `make test` run, summed per file: `--durations=0`, then
-# `python tests/file_times.py LOG`). `make test` runs `--dist loadfile --no-loadscope-reorder`: xdist hands whole
-# files to its two processes in collection order, one at a time as each process frees up, so putting the long files
-# first leaves the short ones to fill in at the end (longest processing time first) instead of one long file
-# running alone while the other process idles. Files not listed keep their order, after these.
-LONGEST_FILES = (
-    "test_chaos.py",
-    "test_retrain.py",
-    "test_interrupts.py",
-    "test_cli.py",
-    "test_flow_crash.py",
-    "test_background_checkpoints.py",
-    "test_deployments.py",
-    "test_worker.py",
-    "test_object_storage.py",
-    "test_flow.py",
-    "test_ui_state.py",
-    "test_mlflow.py",
-    "test_auto_grain.py",
-    "test_events.py",
-    "test_curves.py",
-    "test_model_init.py",
-    "test_signal_in_task_creation.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: position for position, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
