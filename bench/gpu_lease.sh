@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The CUDA checks that fit one short GPU lease (about 9 minutes of one modern GPU), for a machine whose Python
-# already holds CUDA PyTorch but not this project's other dependencies:
+# The CUDA checks that fit one short GPU lease (6.5 minutes on an H200, at most 12.5 by the steps' limits), for a
+# machine whose Python already holds CUDA PyTorch but not this project's other dependencies:
 #   bash bench/gpu_lease.sh [OUT_DIR]
 # With a folder .whl/ of wheels beside it (this project's dependencies but torch, for the machine's Python: made here
 # by `.venv/bin/python bench/gpu_wheels.py`, carried with the device tool's `carry: [".whl"]`), they and this
@@ -40,4 +40,4 @@ step cuda_tests 180 "$py" -m pytest -q -rs --durations=10 tests/test_training_se
 step session_fp32 60 "$py" bench/session.py --device cuda --repeats 1
 step session_bf16 60 "$py" bench/session.py --device cuda --bf16 --repeats 1
 step flow_1s 200 "$py" bench/flow.py --device cuda --cases 1s --minutes 0.25 --repeat 1
-step realsize_span 110 "$py" bench/realsize.py --device cuda --arch span --steps 2 --repeats 1
+step realsize_span 150 "$py" bench/realsize.py --device cuda --arch span --steps 2 --repeats 1

@@ -7,7 +7,8 @@ dependencies at the versions this checkout's environment has, for `bench/gpu_lea
 The set is the dependency closure of prefect, gliner2, transformers and this project's runtime dependencies (as
 installed here, markers evaluated for Linux x86-64), Prefect's server extras that its closure leaves out (asyncpg,
 greenlet), minus what such a machine already has at a working version (torch, numpy, scipy, triton, the NVIDIA
-libraries, pip, setuptools, safetensors, rich, ...): about 58 MB. Binary wheels for CPython 3.12 on manylinux x86-64.
+libraries, pip, setuptools, safetensors, rich, ...): 110 wheels, 59 MB here. Binary wheels for CPython 3.12 on
+manylinux x86-64.
 """
 
 from __future__ import annotations

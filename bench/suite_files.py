@@ -1,6 +1,6 @@
 """Where the test command's time goes, per file, and how xdist's file scheduling spends it on two processes.
 
-    .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=0 -vv > /tmp/suite.log   # make test's options
+    .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=0 --durations-min=0 > /tmp/suite.log
     .venv/bin/python bench/suite_files.py /tmp/suite.log
 
 Reads every ``--durations=0`` line of the log (setup, call and teardown of each test), sums them per file, collects
@@ -41,13 +41,16 @@ def durations(log: Path) -> dict[str, float]:
 def collection() -> list[str]:
     """The suite's node ids in collection order, as `make test` selects them."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly"],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
-    return [line for line in done.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+    ids = [line for line in done.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+    if not ids:
+        raise SystemExit(f"pytest --collect-only found no tests (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return ids
 
 
 def replay(files: list[tuple[str, list[float]]], processes: int = 2) -> tuple[float, float]:
@@ -82,7 +85,7 @@ def replay(files: list[tuple[str, list[float]]], processes: int = 2) -> tuple[fl
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", type=Path, help="output of a pytest run with --durations=0 (and -vv)")
+    parser.add_argument("log", type=Path, help="output of a pytest run with --durations=0 --durations-min=0")
     args = parser.parse_args()
     seconds = durations(args.log)
     ids = collection()
