@@ -8,7 +8,8 @@
 # Then, each step under its own time limit so that a slow one cannot take the others' time, output to OUT_DIR:
 #   the CUDA suite (tests/test_training_session_cuda.py: span/boundary x fp32/bf16 x full/LoRA, bitwise
 #   continuation in a fresh process), bench/session.py on CUDA in fp32 and bf16, bench/flow.py's ~1 s case on CUDA
-#   (one group of runs), and bench/realsize.py's span model (the gliner2-base shape) on CUDA.
+#   (one group of runs), bench/realsize.py's span model (the gliner2-base shape) on CUDA, and bench/step_loop.py
+#   (blocks of consecutive steps: native, the public path, the managed path) on the ~1 s model and the base shape.
 # bench/gpu.sh is the longer sweep (bench/run_all.py twice) for a machine held longer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ out="${1:-${OUT:-bench-gpu-out}}"
 mkdir -p "$out"
 py="${PYTHON:-python3}"
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_DISABLE=1 PYTHONUNBUFFERED=1
-steps="${STEPS:-cuda_tests session_fp32 session_bf16 flow_1s realsize_span}"  # STEPS="flow_1s": that one only
+steps="${STEPS:-cuda_tests step_loop_768 step_loop_base session_fp32 session_bf16 flow_1s realsize_span}"  # STEPS="flow_1s": that one only
 step() {  # step NAME SECONDS CMD...: run CMD under a time limit, its output to OUT_DIR/NAME.txt and to stdout
     local name=$1 limit=$2
     shift 2
@@ -37,6 +38,8 @@ fi
 torch.cuda.get_device_name(), 'transformers', transformers.__version__, 'prefect', prefect.__version__)" \
     | tee -a "$out/gpu.txt"
 step cuda_tests 180 "$py" -m pytest -q -rs --durations=10 tests/test_training_session_cuda.py
+step step_loop_768 90 "$py" bench/step_loop.py --device cuda --shape 768x6 --block 16 --rounds 6
+step step_loop_base 120 "$py" bench/step_loop.py --device cuda --shape base --block 8 --rounds 5
 step session_fp32 60 "$py" bench/session.py --device cuda --repeats 1
 step session_bf16 60 "$py" bench/session.py --device cuda --bf16 --repeats 1
 step flow_1s 200 "$py" bench/flow.py --device cuda --cases 1s --minutes 0.25 --repeat 1

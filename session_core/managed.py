@@ -1,7 +1,8 @@
 """ManagedTraining: run a ManagedTrainingPlan through a session's public operations, with validation,
 best-checkpoint selection, early stopping and exact managed checkpoints.
 
-The driver is the plan's own contract and nothing more: for each batch i, `session.forward_backward(plan.batch(i))`,
+The driver is the plan's own contract and nothing more: for each batch i, `session.forward_backward(plan.batch(i))`
+(as `queue_forward_backward`: the same operation, its loss read with the update's scalars instead of at once),
 then `session.optim_step()` iff `plan.is_update(i)`; after a validation batch, the eval losses of the validation
 examples via `session.forward` and, with ``eval_extraction``, precision/recall/F1 of gliner2's own batched
 extraction via `session.extract` (`evaluation.evaluate_session`; no RNG draw, no mode leak, no file written).
@@ -136,16 +137,22 @@ class ManagedTraining:
         started = time.perf_counter()
         index = self.cursor
         batch = self.plan.batch(index)
-        loss = self.session.forward_backward(batch)
-        self._window_loss += loss
+        self.session.queue_forward_backward(batch)  # its loss is read with the update's scalars: no host wait
         self._samples += len(batch.rows)
         metrics: dict[str, Any] | None = None
         if self.plan.is_update(index):
-            metrics = self._after_update(index, self.session.optim_step())
+            step_metrics = self.session.optim_step()
+            self._fold_losses()
+            metrics = self._after_update(index, step_metrics)
         self.cursor = index + 1
         self.validation_due = bool(self.plan.is_validation(index)) and bool(self._eval_batches)
         self._elapsed += time.perf_counter() - started
         return metrics
+
+    def _fold_losses(self) -> None:
+        """Add the losses of the batches trained since the last fold to the logging window, in batch order."""
+        for loss in self.session.take_losses():
+            self._window_loss += loss
 
     def _after_update(self, index: int, step_metrics: dict[str, float]) -> dict[str, Any] | None:
         step = int(step_metrics["step"])
@@ -263,6 +270,7 @@ class ManagedTraining:
         )
 
     def _prepare(self, uri: str, *, snapshot: bool) -> PreparedCheckpoint:
+        self._fold_losses()  # mid-window: the queued losses are checked and counted before anything is saved
         files, meta = self.session.state_payload(snapshot=snapshot)
         files[MANAGED_STATE_FILE] = json.dumps(self._managed_state(), sort_keys=True).encode()
         meta.update(

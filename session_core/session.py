@@ -149,21 +149,45 @@ class TrainingSession(SessionCheckpointing):
     def forward_backward(self, batch: Any) -> float:
         """Accumulate one micro-batch's gradients; returns the native scalar batch loss (before accumulation)."""
         with self._lock:
-            self._check_usable()
-            if self.step >= self.max_steps:
-                raise SessionStateError(f"the session already applied its {self.max_steps} planned update(s)")
-            pairs = to_pairs(batch)
-            self._fresh = False
+            self._accumulate(batch)
             try:
-                loss = self._engine.backward(pairs, self._pending)
-                value = float(loss)
+                return self._engine.take_losses()[-1]
             except BaseException as exc:
                 self._fail(f"forward_backward failed: {type(exc).__name__}: {exc}")
                 raise
-            self._pending += 1
-            self._micro_batches += 1
-            self._samples += len(pairs)
-            return value
+
+    def queue_forward_backward(self, batch: Any) -> None:
+        """`forward_backward` without reading its loss back to the host: the loss stays on the device (an
+        accelerator keeps running while the host prepares the next batch). The next `optim_step` checks every queued
+        loss before it applies anything, and `take_losses` returns their values; a non-finite one raises there."""
+        with self._lock:
+            self._accumulate(batch)
+
+    def take_losses(self) -> list[float]:
+        """The losses of the micro-batches accumulated since the last call, in order (read from the device if
+        `optim_step` has not read them yet); a non-finite one raises `TrainingNumericsError`."""
+        with self._lock:
+            self._check_usable()
+            try:
+                return self._engine.take_losses()
+            except BaseException as exc:
+                self._fail(f"take_losses failed: {type(exc).__name__}: {exc}")
+                raise
+
+    def _accumulate(self, batch: Any) -> None:
+        self._check_usable()
+        if self.step >= self.max_steps:
+            raise SessionStateError(f"the session already applied its {self.max_steps} planned update(s)")
+        pairs = to_pairs(batch)
+        self._fresh = False
+        try:
+            self._engine.backward(pairs, self._pending)
+        except BaseException as exc:
+            self._fail(f"forward_backward failed: {type(exc).__name__}: {exc}")
+            raise
+        self._pending += 1
+        self._micro_batches += 1
+        self._samples += len(pairs)
 
     def optim_step(self) -> dict[str, float]:
         """Apply one update over the pending micro-batches (a partial window is renormalised natively)."""
@@ -179,7 +203,6 @@ class TrainingSession(SessionCheckpointing):
                 self._fail(f"optim_step failed: {type(exc).__name__}: {exc}")
                 raise
             metrics["micro_batches"] = float(self._pending)
-            metrics.update(self._engine.last_losses())
             self._pending = 0
             return metrics
 

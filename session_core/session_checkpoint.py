@@ -91,6 +91,12 @@ class SessionCheckpointing:
         operation), or with ``snapshot=True`` over detached host copies taken now (one checkpoint's size of extra
         host RAM): those may be written from another thread while training continues."""
         engine = self._engine
+        if engine._queued_losses:  # a non-finite queued loss raises here: its zeroed gradients are never saved
+            try:
+                engine._read_queued()
+            except BaseException as exc:
+                self._fail(f"save_state failed: {type(exc).__name__}: {exc}")
+                raise
         named = list(engine.model.named_parameters())
         weights = {n: p for n, p in named if p.requires_grad} if self.is_lora else dict(engine.model.state_dict())
         rng_meta, rng_tensors = capture_rng(self._device)

@@ -7,6 +7,10 @@ four). A CPU skip is not GPU qualification.
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
 import safetensors.torch
 import torch
@@ -94,3 +98,37 @@ def test_cuda_background_snapshot_writes_the_synchronous_checkpoints_bytes(preci
     assert written == sorted(p.name for p in (tmp_path / "background").iterdir())
     for name in written:
         assert (tmp_path / "sync" / name).read_bytes() == (tmp_path / "background" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("arch", ["span", "boundary"])
+def test_cuda_managed_path_reads_the_device_once_per_update_and_equals_the_public_path(arch):
+    """The managed driver's path (queue_forward_backward, optim_step, take_losses) on CUDA: the losses and state of
+    the public forward_backward path bit for bit, and session code synchronises with the GPU once per update (the
+    update's scalars in one transfer; torch's sync debug mode names each synchronising call's Python frame)."""
+    config = make_config(arch, False)
+    plan = make_plan(arch, config)
+    public = TrainingSession(make_model(arch), config, max_steps=plan.max_steps, device="cuda")
+    expected = run_direct(public, plan)
+    expected_state = snapshot(public)
+    public.close()
+    queued = TrainingSession(make_model(arch), config, max_steps=plan.max_steps, device="cuda")
+    package = str(Path(sys.modules[TrainingSession.__module__].__file__).parent)
+    losses, updates = [], 0
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(plan.batch_count):
+                queued.queue_forward_backward(plan.batch(i))
+                if plan.is_update(i):
+                    queued.optim_step()
+                    updates += 1
+                    losses.extend(queued.take_losses())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    ours = [f"{Path(w.filename).name}:{w.lineno}" for w in syncs if w.filename.startswith(package)]
+    assert updates == plan.max_steps and losses == expected
+    assert len(ours) == updates and set(ours) == {ours[0]} and ours[0].startswith("guards.py"), (ours, len(syncs))
+    assert_bitwise_equal(snapshot(queued), expected_state)

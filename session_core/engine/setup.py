@@ -53,6 +53,10 @@ class EngineSetup(ExtractorTrainer):
         self._session_device = device
         self._preloaded_adapter = is_peft(model)
         self._guard_active = False
+        self._queue_loss = False  # set while a training micro-batch runs: its loss is queued, not read (guards.py)
+        self._queued_losses: list[torch.Tensor] = []
+        self._read_losses: list[float] = []
+        self._step_readings: dict[str, float] | None = None
         super().__init__(model, config)
         if gradient_checkpointing:
             self._enable_checkpointing()

@@ -1,8 +1,9 @@
 """SessionEngine: gliner2's native trainer driven one bounded operation at a time (the step operations).
 
 ``prepare`` builds the optimizer, schedule and scaler as native ``train()`` does; ``backward`` runs one micro-batch
-through ``_backward_one``; ``step`` applies one update through ``_renormalize_partial_accumulation`` and
-``_optimizer_step``, then ``_flush_delayed_counters``; ``evaluate_loss`` and ``extract`` run in eval mode without
+through ``_backward_one`` and leaves its loss on the device; ``step`` applies one update through
+``_renormalize_partial_accumulation`` and ``_optimizer_step``, whose pre-step hook reads the update's scalars once
+(it also reads the skip counter native ``_flush_delayed_counters`` would read after the step); ``evaluate_loss`` and ``extract`` run in eval mode without
 drawing any random state. Touches gliner2 internals: those methods, ``_create_optimizer``, ``_last_grad_norm``,
 ``_last_train_outputs`` and the finite-gradient hooks (``_finite_grad_hook_handles``, ``_install_finite_grad_hooks``).
 """
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from gliner2.training.trainer import get_scheduler
 
-from prefect_gliner2.session_core.engine.guards import EngineGuards
+from prefect_gliner2.session_core.engine.guards import LOSS_COMPONENTS, EngineGuards
 from prefect_gliner2.session_core.engine.lora import unwrap
 from prefect_gliner2.session_core.engine.rng import preserved_rng, private_python_rng
 from prefect_gliner2.session_core.engine.setup import EngineSetup
@@ -56,11 +57,11 @@ class SessionEngine(EngineGuards, EngineState, EngineSetup):
         with private_python_rng(self.python_rng):
             batch = self.train_collator(list(pairs))
         self._expected_rows = len(pairs)
-        self._guard_active = True
+        self._guard_active = self._queue_loss = True
         try:
             return self._backward_one(batch, micro_index, self.use_amp, self.amp_dtype, is_last_micro=True)
         finally:
-            self._guard_active = False
+            self._guard_active = self._queue_loss = False
 
     def step(self, micro_batches: int) -> dict[str, float]:
         """One native optimizer update over `micro_batches` accumulated micro-batches (non-finite gradients are
@@ -69,14 +70,19 @@ class SessionEngine(EngineGuards, EngineState, EngineSetup):
             raise TrainingNumericsError("optim_step found no gradients; run forward_backward first")
         self._renormalize_partial_accumulation(micro_batches)
         self._last_grad_norm = None  # set by native clipping inside _optimizer_step, read by the pre-step hook
+        self._step_readings = None
         self._optimizer_step()
         self.global_step += 1
-        self._flush_delayed_counters()
-        grad_norm = self._last_grad_norm
+        readings = self._step_readings
+        if readings is None:  # a trainer_factory's _optimizer_step that never ran optimizer.step's hooks
+            readings = self._read_step_scalars()
+        self._step_readings = None
+        # native's _flush_delayed_counters would read the skip counter now: the hook read it (it is 0, or it raised)
         return {
             "step": self.global_step,
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
-            "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
+            "grad_norm": readings["grad_norm"] if self._last_grad_norm is not None else 0.0,
+            **{key: readings[key] for key in LOSS_COMPONENTS},
         }
 
     def evaluate_loss(self, pairs: Sequence[Pair]) -> dict[str, float]:
@@ -137,10 +143,6 @@ class SessionEngine(EngineGuards, EngineState, EngineSetup):
         finally:
             self.model.train(was_training)
             self.processor.change_mode(is_training=processor_training)
-
-    def last_losses(self) -> dict[str, float]:
-        outputs = self._last_train_outputs or {}
-        return {key: _scalar(outputs.get(key)) for key in LOSS_KEYS if key != "total_loss"}
 
     def detached_model_copy(self, state: Mapping[str, torch.Tensor] | None = None) -> Any:
         """A deep CPU copy of the live model without hooks or gradients, optionally with `state` loaded into it."""
