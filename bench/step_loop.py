@@ -121,10 +121,9 @@ def main() -> None:
     )
     for kind in KINDS:
         ratios = [t / n for t, n in zip(times[kind], times["native"], strict=True)]
-        print(
-            f"  {kind:8} {statistics.median(times[kind]) * 1e3:9.2f} ms/step   vs native {statistics.median(ratios):.3f}"
-            f" ({min(ratios):.3f}-{max(ratios):.3f})"
-        )
+        step_ms = statistics.median(times[kind]) * 1e3
+        ratio = statistics.median(ratios)
+        print(f"  {kind:8} {step_ms:9.2f} ms/step   vs native {ratio:.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 ``prepare`` builds the optimizer, schedule and scaler as native ``train()`` does; ``backward`` runs one micro-batch
 through ``_backward_one`` and leaves its loss on the device; ``step`` applies one update through
 ``_renormalize_partial_accumulation`` and ``_optimizer_step``, whose pre-step hook reads the update's scalars once
-(it also reads the skip counter native ``_flush_delayed_counters`` would read after the step); ``evaluate_loss`` and ``extract`` run in eval mode without
-drawing any random state. Touches gliner2 internals: those methods, ``_create_optimizer``, ``_last_grad_norm``,
-``_last_train_outputs`` and the finite-gradient hooks (``_finite_grad_hook_handles``, ``_install_finite_grad_hooks``).
+(it also reads the skip counter native ``_flush_delayed_counters`` would read after the step); ``evaluate_loss``
+and ``extract`` run in eval mode without drawing any random state. Touches gliner2 internals: those methods,
+``_create_optimizer``, ``_last_grad_norm``, ``_last_train_outputs`` and the finite-gradient hooks
+(``_finite_grad_hook_handles``, ``_install_finite_grad_hooks``).
 """
 
 from __future__ import annotations
