@@ -42,6 +42,7 @@ from prefect_gliner2.runtime.prepare import prepare_run
 from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult
 from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
 from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
+from prefect_gliner2.runtime.spare import discard_spare, spare_worker
 from prefect_gliner2.tasks.export import export_model
 
 __all__ = ["TrainingConfigModel", "TrainingSettings", "run_options", "train_flow"]
@@ -117,11 +118,12 @@ def train_flow(
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
     """
     config_given = config.to_training_config() if config else None
-    with interrupts_surface():
+    with interrupts_surface(), spare_worker():
         prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
         with open_run(prepared, options, run_hooks()) as run:
+            discard_spare()  # adopted by the run's worker by now, unless none started (a finished run, a reused one)
             if run.done is not None:
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"

@@ -25,7 +25,8 @@ The child is spawned from one long-lived thread of this process, so Linux's pare
 the spawning *thread* ends) fires only when the process dies; the child also watches its parent and the pipe. The
 child runs in its own session: a Ctrl-C or a SIGTERM to the terminal's process group reaches only this process,
 which records the run as interrupted and closes the worker (it is spawned with both signals blocked, so none reaches
-it before it has left the group). The spawning itself is ``prefect_gliner2.runtime.spawn``.
+it before it has left the group). The spawning itself is ``prefect_gliner2.runtime.spawn``; a start adopts the
+process ``prefect_gliner2.runtime.spare.prestart_worker()`` started ahead, when one waits.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from prefect_gliner2.runtime.protocol import (
     WorkerSpec,
     decode_error,
 )
+from prefect_gliner2.runtime.spare import take_spare
 from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.errors import WorkerDied
@@ -164,19 +166,24 @@ class SessionWorker:
         restore = self._locator()
         label = restore.rstrip("/").rsplit("/", 1)[-1] if restore else "fresh"
         incarnation = f"{label}@{secrets.token_hex(6)}"
-        parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
-        from prefect_gliner2.runtime.worker_child import worker_main
+        spare = take_spare()  # a process prestart_worker() started (and that has been importing torch since)
+        if spare is not None:
+            process, parent_conn = spare
+        else:
+            parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
+            from prefect_gliner2.runtime.worker_child import worker_main
 
-        process = CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
-        start_child(process)
-        child_conn.close()
+            process = CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
+            start_child(process)
+            child_conn.close()
         link = _Link(process, parent_conn, incarnation, restore)
         link.calls[0] = link.init
         parent_conn.send(Init(self.spec, restore))
         self._link = link
         self.starts += 1
         threading.Thread(target=self._read, args=(link,), name=f"{self.name}-reader", daemon=True).start()
-        logger.info("session worker %s started (pid %s, incarnation %s)", self.name, process.pid, incarnation)
+        how = "adopted the spare process" if spare is not None else "started"
+        logger.info("session worker %s %s (pid %s, incarnation %s)", self.name, how, process.pid, incarnation)
 
     def close(self, timeout: float = 30.0, *, wait: bool = True) -> None:
         """Ask the child to release its session and exit; kill it if it has not within `timeout`.

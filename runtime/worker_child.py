@@ -37,6 +37,7 @@ def worker_main(conn: Any, parent_pid: int) -> None:
     _leave_process_group()
     _die_with_parent(parent_pid)
     _quiet_logging()
+    _import_training_stack()  # before the run arrives: a spare (runtime.spare) has it done by then
     try:
         init: Init = conn.recv()
     except (EOFError, OSError):
@@ -48,6 +49,20 @@ def worker_main(conn: Any, parent_pid: int) -> None:
         os._exit(2)
     conn.send(Reply(0, runner.status(Status())))
     _serve(conn, runner)
+
+
+def _import_training_stack() -> None:
+    """Import what building a session imports (torch, transformers, gliner2 and the session engine): about 6.5 s of
+    a worker's start, the same modules in the same order whenever the run arrives. A failure here is left for
+    ``SessionRunner`` to raise and report."""
+    try:
+        import gliner2.auto  # noqa: F401
+        import torch  # noqa: F401
+
+        import prefect_gliner2.session_core.managed  # noqa: F401
+        import prefect_gliner2.session_core.session_checkpoint  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - raised again, and reported, where the run's build imports it
+        pass
 
 
 def _serve(conn: Any, runner: SessionRunner) -> None:

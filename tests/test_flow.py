@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import stat
 import time
@@ -12,6 +13,8 @@ from uuid import UUID
 
 import pytest
 
+from prefect_gliner2.runtime import spare
+from prefect_gliner2.runtime import worker as worker_module
 from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError, RunLockedError
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.lease import RunLease
@@ -65,6 +68,9 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     events: list[dict[str, Any]] = []
     original = checkpoint_tasks.emit_event
     monkeypatch.setattr(checkpoint_tasks, "emit_event", lambda **kw: events.append(kw) or original(**kw))
+    adopted: list[Any] = []  # the spare worker train_flow starts ahead is the process its run's worker uses
+    take = worker_module.take_spare
+    monkeypatch.setattr(worker_module, "take_spare", lambda: adopted.append(take()) or adopted[-1])
     storage = space["root"] / "runs"
     summary = run_flow(
         model=space["span"],
@@ -79,6 +85,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     reference = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span-full")
     assert_same_export(summary["export"], reference)
     assert summary["label"] == "best" and summary["total_steps"] == 6 and summary["worker_starts"] == 1
+    assert len(adopted) == 1 and adopted[0] is not None and spare.spare_pid() is None
     run = storage / "span-full"
     names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name != layout.BLOB_DIR)
     assert names == [
@@ -113,6 +120,11 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
     )
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
+    assert len(adopted) == 1 and spare.spare_pid() is None  # its spare was killed unused
+    deadline = time.monotonic() + 10
+    while any(p.name == spare.SPARE_NAME for p in multiprocessing.active_children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p.name for p in multiprocessing.active_children() if p.name == spare.SPARE_NAME]
 
 
 def _assert_ui(flow_run_id: str) -> None:

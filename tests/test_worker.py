@@ -288,3 +288,38 @@ def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path:
     finally:
         worker.close()
     assert_same_export(str(tmp_path / "resumed"), str(tmp_path / "uninterrupted"))
+
+
+def test_a_spare_worker_is_adopted_by_the_next_start_and_trains_the_same_bits(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prestart_worker() starts a worker process before its run is known; the next start adopts that very process
+    (same pid), which trains exactly what a freshly spawned one does. A spare nobody adopts is killed, and one whose
+    environment no longer matches what a worker would get is not adopted."""
+    from prefect_gliner2.runtime import spare
+
+    assert spare.prestart_worker() and not spare.prestart_worker()  # one spare at most
+    spare_pid = spare.spare_pid()
+    worker = _worker(run)
+    try:
+        assert spare_pid and worker.start() and worker.pid == spare_pid and spare.spare_pid() is None
+        worker.call(Export(uri=str(tmp_path / "adopted"), which="final"))
+    finally:
+        worker.close()
+    fresh = _worker(run)
+    try:
+        fresh.call(Export(uri=str(tmp_path / "spawned"), which="final"))
+        assert fresh.pid != spare_pid
+    finally:
+        fresh.close()
+    assert_same_export(str(tmp_path / "adopted"), str(tmp_path / "spawned"))
+
+    spare.prestart_worker()
+    unadopted = spare.spare_pid() or 0
+    spare.discard_spare()
+    assert spare.spare_pid() is None and pid_gone(unadopted)
+
+    spare.prestart_worker()
+    stale = spare.spare_pid() or 0
+    monkeypatch.setenv("PREFECT_GLINER2_WORKER_MEMORY", "release")  # a worker started now would get glibc's defaults
+    assert spare.take_spare() is None and pid_gone(stale)

@@ -12,6 +12,7 @@ from prefect_gliner2.flows.cli.args import UsageError, auto_or, data_arguments, 
 from prefect_gliner2.flows.cli.progress import ProgressBar, describe
 from prefect_gliner2.flows.cli.server import prefect_api
 from prefect_gliner2.runtime.schedule import TARGET_TASK_SECONDS
+from prefect_gliner2.runtime.spare import spare_worker
 
 if TYPE_CHECKING:
     from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings
@@ -63,11 +64,12 @@ def run(args: Any) -> int:
 
     settings = _settings(args)
     config, train, valid = inputs(args)
-    prepared = prepare_run(args.model, one(train), one(valid), config, args.run_key, args.storage)
-    check_runnable(prepared.plan.config, prepared.has_validation, args.device)
-    record_manifest(prepared)  # refuses another plan under this run key before Prefect starts
-    with prefect_api():
-        state = _run_flow(args, prepared.run_dir.run_key, *settings)
+    with spare_worker():  # a worker process imports torch and gliner2 while the run is planned and Prefect starts
+        prepared = prepare_run(args.model, one(train), one(valid), config, args.run_key, args.storage)
+        check_runnable(prepared.plan.config, prepared.has_validation, args.device)
+        record_manifest(prepared)  # refuses another plan under this run key before Prefect starts
+        with prefect_api():
+            state = _run_flow(args, prepared.run_dir.run_key, *settings)
     if not state.is_completed():
         error = state.result(raise_on_failure=False)
         print(
