@@ -9,6 +9,9 @@ that the two overlap; the next ``SessionWorker`` to start in this process adopts
 run exactly as it would a process it had just spawned. Nothing differs in what the worker computes: the same entry
 point, the same environment (``worker_environment``), the same imports before the run arrives.
 
+``$PREFECT_GLINER2_SPARE_WORKER=off`` starts none (then a worker is spawned when its run opens, as without this
+module); ``on`` is the default.
+
 A spare nobody adopts is killed by ``discard_spare()`` (it has done nothing but import), which the callers run when
 their run ends: the CLI command, and ``train_flow`` for the spare it started. One spare at most per process; a spare
 whose environment no longer matches what a worker would get now (``$PREFECT_GLINER2_WORKER_MEMORY`` or
@@ -26,9 +29,19 @@ from typing import Any
 
 from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child, worker_environment
 
-__all__ = ["discard_spare", "prestart_worker", "spare_pid", "spare_worker", "take_spare"]
+__all__ = [
+    "ENV_SPARE_WORKER",
+    "discard_spare",
+    "prestart_worker",
+    "spare_enabled",
+    "spare_pid",
+    "spare_worker",
+    "take_spare",
+]
 
 SPARE_NAME = "gliner2-session-worker-spare"
+ENV_SPARE_WORKER = "PREFECT_GLINER2_SPARE_WORKER"
+_SPARE_MODES = ("on", "off")
 
 
 @dataclass
@@ -49,6 +62,8 @@ def prestart_worker() -> bool:
     global _SPARE
     from prefect_gliner2.runtime.worker_child import worker_main  # cheap: torch loads in the child
 
+    if not spare_enabled():
+        return False
     with _LOCK:
         if _SPARE is not None and _usable(_SPARE):
             return False
@@ -62,6 +77,20 @@ def prestart_worker() -> bool:
     if stale is not None:
         _kill(stale)
     return True
+
+
+def spare_enabled() -> bool:
+    """Whether ``prestart_worker`` starts spares: ``$PREFECT_GLINER2_SPARE_WORKER`` ``on`` (default) or ``off``;
+    ConfigError for another value."""
+    mode = os.environ.get(ENV_SPARE_WORKER, "").strip().lower() or "on"
+    if mode not in _SPARE_MODES:
+        from prefect_gliner2.session_core.errors import ConfigError
+
+        raise ConfigError(
+            f"${ENV_SPARE_WORKER}={os.environ[ENV_SPARE_WORKER]!r} is not one of {', '.join(_SPARE_MODES)}: 'on' (the "
+            "default) starts the worker process while the run is prepared, 'off' starts it when the run opens"
+        )
+    return mode == "on"
 
 
 @contextmanager

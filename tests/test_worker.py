@@ -18,7 +18,13 @@ from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Export, Status
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.errors import CheckpointError, StorageFullError, WorkerDied, WorkerError
+from prefect_gliner2.session_core.errors import (
+    CheckpointError,
+    ConfigError,
+    StorageFullError,
+    WorkerDied,
+    WorkerError,
+)
 
 from support.config import training_config
 from support.flow import (
@@ -323,3 +329,9 @@ def test_a_spare_worker_is_adopted_by_the_next_start_and_trains_the_same_bits(
     stale = spare.spare_pid() or 0
     monkeypatch.setenv("PREFECT_GLINER2_WORKER_MEMORY", "release")  # a worker started now would get glibc's defaults
     assert spare.take_spare() is None and pid_gone(stale)
+
+    monkeypatch.setenv(spare.ENV_SPARE_WORKER, "off")
+    assert not spare.prestart_worker() and spare.spare_pid() is None
+    monkeypatch.setenv(spare.ENV_SPARE_WORKER, "sometimes")
+    with pytest.raises(ConfigError, match="PREFECT_GLINER2_SPARE_WORKER='sometimes' is not one of on, off"):
+        spare.prestart_worker()
