@@ -22,8 +22,9 @@ def add_parser(commands: Any) -> None:
 
 def run(args: Any) -> int:
     from prefect_gliner2.flows.demo import demo_report, run_demo
+    from prefect_gliner2.runtime.spare import spare_worker
 
-    with prefect_api():
+    with spare_worker(), prefect_api():  # the worker process imports torch and gliner2 while Prefect starts
         summary = run_demo(args.dir)
     print(describe(summary))
     print(demo_report(summary["demo"]))
