@@ -33,6 +33,11 @@ LOSS_COMPONENTS = ("classification_loss", "structure_loss", "count_loss")
 class EngineGuards(ExtractorTrainer):
     """The forward and optimizer hooks that refuse lossy native paths (part of ``SessionEngine``)."""
 
+    _queue_loss: bool  # set while a training micro-batch runs (``SessionEngine.backward``)
+    _queued_losses: list[torch.Tensor]  # training losses still on the device, oldest first
+    _read_losses: list[float]  # their values once read, until ``take_losses``
+    _step_readings: dict[str, float] | None  # the update's scalars, read by the pre-step hook
+
     def _read_queued(self, extra: Sequence[Any] = ()) -> list[float]:
         """One host read of the queued micro-batch losses and the scalars `extra` (tensors or numbers); returns
         `extra`'s values. The losses' values move to ``_read_losses``; a non-finite one raises, naming its place."""
@@ -43,7 +48,8 @@ class EngineGuards(ExtractorTrainer):
         if tensors:
             wide = torch.float32 if tensors[0].device.type == "mps" else torch.float64  # exact for f32/bf16/int
             read = torch.stack([t.detach().reshape(()).to(wide) for t in tensors]).tolist()
-        values, taken = [], iter(read)
+        values: list[float] = []
+        taken = iter(read)
         for value in items:
             values.append(next(taken) if isinstance(value, torch.Tensor) else float(value or 0.0))
         losses = values[: len(queued)]
