@@ -151,7 +151,7 @@ class TrainingSession(SessionCheckpointing):
         with self._lock:
             self._accumulate(batch)
             try:
-                return self._engine.take_losses()[-1]
+                return self._engine.last_loss()
             except BaseException as exc:
                 self._fail(f"forward_backward failed: {type(exc).__name__}: {exc}")
                 raise

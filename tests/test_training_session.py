@@ -461,6 +461,11 @@ def test_queued_losses_equal_forward_backward_and_the_update_reads_the_device_on
     assert reads == ["tolist in guards.py"] * updates, reads
     assert_bitwise_equal(snapshot(queued), snapshot(public))
 
+    mixed, _ = new_session("boundary", False)  # forward_backward takes its own loss, the queued ones stay
+    mixed.queue_forward_backward(plan.batch(0))
+    assert mixed.forward_backward(plan.batch(1)) == expected[1]
+    assert mixed.take_losses() == [expected[0]] and mixed.take_losses() == []
+
 
 def test_a_sample_the_model_cannot_process_is_an_error(monkeypatch):
     session, plan = new_session("span", False)

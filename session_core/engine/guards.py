@@ -64,6 +64,13 @@ class EngineGuards(ExtractorTrainer):
         self._read_losses.extend(losses)
         return values[len(queued) :]
 
+    def last_loss(self) -> float:
+        """The value of the newest training micro-batch's loss (one host read), leaving earlier values for
+        `take_losses`; raises `TrainingNumericsError` for a non-finite queued one."""
+        if self._queued_losses:
+            self._read_queued()
+        return self._read_losses.pop()
+
     def take_losses(self) -> list[float]:
         """The values of every training micro-batch loss since the last call, in order (one host read, if any is
         still on the device); raises `TrainingNumericsError` for a non-finite one."""
