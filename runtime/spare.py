@@ -1,13 +1,13 @@
 """A spare session worker: a worker process started before its run is known, adopted by the next worker start.
 
-A worker spends most of its start importing torch, transformers and gliner2 (about 6.5 s of CPU on this project's
-2-core test machine, before it builds anything); it does that before it waits for its run (``worker_main``). The
-flow process meanwhile has its own start to do: ``prefect-gliner2 train`` starts a local Prefect server (about
-7 s), and every flow run is created through the API, takes the run key's lease and records the manifest before
-``open_run`` starts the worker. ``prestart_worker()`` starts a worker process at once, with nothing to run yet, so
-that the two overlap; the next ``SessionWorker`` to start in this process adopts it (``take_spare``) and sends it its
-run exactly as it would a process it had just spawned. Nothing differs in what the worker computes: the same entry
-point, the same environment (``worker_environment``), the same imports before the run arrives.
+A worker spends most of its start importing torch, transformers and gliner2 (seconds of CPU, before it builds
+anything); it does that before it waits for its run (``worker_main``). The flow process meanwhile has its own start
+to do: ``prefect-gliner2 train`` starts a local Prefect server, and every flow run is created through the API, takes
+the run key's lease and records the manifest before ``open_run`` starts the worker. ``prestart_worker()`` starts a
+worker process at once, with nothing to run yet, so that the two overlap; the next ``SessionWorker`` to start in
+this process adopts it (``take_spare``) and sends it its run exactly as it would a process it had just spawned.
+Nothing differs in what the worker computes: the same entry point, the same environment (``worker_environment``),
+the same imports before the run arrives.
 
 ``$PREFECT_GLINER2_SPARE_WORKER=off`` starts none (then a worker is spawned when its run opens, as without this
 module); ``on`` is the default.

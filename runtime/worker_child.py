@@ -52,8 +52,8 @@ def worker_main(conn: Any, parent_pid: int) -> None:
 
 
 def _import_training_stack() -> None:
-    """Import what building a session imports (torch, transformers, gliner2 and the session engine): about 6.5 s of
-    a worker's start, the same modules in the same order whenever the run arrives. A failure here is left for
+    """Import what building a session imports (torch, transformers, gliner2 and the session engine): most of a
+    worker's start, the same modules in the same order whenever the run arrives. A failure here is left for
     ``SessionRunner`` to raise and report."""
     try:
         import gliner2.auto  # noqa: F401

@@ -24,6 +24,7 @@ from support.session import (
     make_plan,
     run_child,
     run_direct,
+    run_queued,
     snapshot,
 )
 
@@ -113,18 +114,12 @@ def test_cuda_managed_path_reads_the_device_once_per_update_and_equals_the_publi
     public.close()
     queued = TrainingSession(make_model(arch), config, max_steps=plan.max_steps, device="cuda")
     package = str(Path(sys.modules[TrainingSession.__module__].__file__).parent)
-    losses, updates = [], 0
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for i in range(plan.batch_count):
-                queued.queue_forward_backward(plan.batch(i))
-                if plan.is_update(i):
-                    queued.optim_step()
-                    updates += 1
-                    losses.extend(queued.take_losses())
+            losses, updates = run_queued(queued, plan)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]

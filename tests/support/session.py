@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
 from prefect_gliner2.session_core.tiny import build_tiny_model, tiny_records
 
 from support.config import training_config
@@ -47,6 +47,13 @@ def make_plan(architecture: str, config: TrainingConfig, n: int = 9) -> ManagedT
     return ManagedTrainingPlan(train_records(n), config, architecture=architecture)
 
 
+def new_session(arch: str, lora: bool, **overrides: Any) -> tuple[TrainingSession, ManagedTrainingPlan]:
+    """A CPU session of the test model and its plan (the test config with `overrides`)."""
+    config = make_config(arch, lora, **overrides)
+    plan = make_plan(arch, config)
+    return TrainingSession(make_model(arch), config, max_steps=plan.max_steps), plan
+
+
 def run_direct(session: Any, plan: ManagedTrainingPlan, start: int = 0, stop: int | None = None) -> list[float]:
     """The caller's own loop: forward_backward(plan.batch(i)), then optim_step() iff plan.is_update(i)."""
     losses = []
@@ -55,6 +62,19 @@ def run_direct(session: Any, plan: ManagedTrainingPlan, start: int = 0, stop: in
         if plan.is_update(i):
             session.optim_step()
     return losses
+
+
+def run_queued(session: Any, plan: ManagedTrainingPlan) -> tuple[list[float], int]:
+    """The managed driver's loop: queue_forward_backward(plan.batch(i)), then optim_step() and take_losses() iff
+    plan.is_update(i); returns the losses and the number of updates."""
+    losses, updates = [], 0
+    for i in range(plan.batch_count):
+        session.queue_forward_backward(plan.batch(i))
+        if plan.is_update(i):
+            session.optim_step()
+            updates += 1
+            losses.extend(session.take_losses())
+    return losses, updates
 
 
 def snapshot(session: Any) -> dict[str, torch.Tensor]:
