@@ -26,6 +26,13 @@ from support.flow import ROOT, assert_same_export, make_inputs, reference_export
 from support.processes import pid_gone
 
 INTERRUPT_SECONDS = 5.0  # from the signal to the command's exit
+PACE_SECONDS = 0.4  # each batch after a signal's marker: the run cannot end before a starved test process signals
+
+
+def _paced_after(index: int, n_batches: int = 24) -> tuple[Fault, ...]:
+    """A short pause at every batch after `index`: the run still trains when the signal lands (a tiny batch takes
+    ~0.05 s, so without this a busy CI host's test process, waking late, found the run already done: exit 0)."""
+    return tuple(Fault.pause("batch", i, PACE_SECONDS) for i in range(index + 1, n_batches))
 _CLI = (
     "import sys; from prefect_gliner2.runtime import faults; "
     "faults.install(faults.FaultPlan.from_json(sys.argv[1])); "
@@ -149,7 +156,7 @@ def test_ctrl_c_and_sigterm_on_the_embedded_default(files: dict[str, str], tmp_p
     markers.mkdir()
     env = _env(home, None)
     plan = FaultPlan(
-        (Fault.pause("batch", 9, 120, once=str(markers / "once-9")), Fault.pause("batch", 14, 0)),
+        (Fault.pause("batch", 9, 120, once=str(markers / "once-9")), Fault.pause("batch", 14, 0), *_paced_after(14)),
         markers=str(markers),
     )
     ctrl_c = Command(files, env, plan, _mkdir(tmp_path / "a"), "default")
@@ -182,7 +189,7 @@ def test_sigterm_against_a_separate_server(prefect_server: str, files: dict[str,
     """PREFECT_API_URL set: the same interrupt behaviour; the run is CRASHED on that server."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    plan = FaultPlan((Fault.pause("batch", 5, 0),), markers=str(markers))
+    plan = FaultPlan((Fault.pause("batch", 5, 0), *_paced_after(5)), markers=str(markers))
     command = Command(files, _env(tmp_path / "home", prefect_server), plan, _mkdir(tmp_path / "a"), "separate")
     wait_for_marker(markers, "batch-5", command.process, timeout=240)
     _assert_interrupted(command, command.interrupt(signal.SIGTERM), signal.SIGTERM)
