@@ -80,7 +80,9 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_p
     checkpoint = str(tmp_path / "step-000002-batch-000003")
     markers = tmp_path / "markers"
     markers.mkdir()
-    plan = FaultPlan(faults=(Fault.pause("batch", 9, 1),), markers=str(markers))
+    # the first worker waits at batch 9 until the test kills it (once: the restarted worker trains on at once); a
+    # short pause let a test process that woke late find batch 9 already done and nothing in flight to kill
+    plan = FaultPlan(faults=(Fault.pause("batch", 9, 120, once=str(markers / "paused")),), markers=str(markers))
     restore: list[str | None] = [None]
     worker = _worker(run, locator=lambda: restore[0], faults=plan)
     try:
