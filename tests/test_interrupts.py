@@ -28,17 +28,18 @@ from support.processes import pid_gone
 INTERRUPT_SECONDS = 5.0  # from the signal to the command's exit
 PACE_SECONDS = 0.4  # each batch after a signal's marker: the run cannot end before a starved test process signals
 
-
-def _paced_after(index: int, n_batches: int = 24) -> tuple[Fault, ...]:
-    """A short pause at every batch after `index`: the run still trains when the signal lands (a tiny batch takes
-    ~0.05 s, so without this a busy CI host's test process, waking late, found the run already done: exit 0)."""
-    return tuple(Fault.pause("batch", i, PACE_SECONDS) for i in range(index + 1, n_batches))
 _CLI = (
     "import sys; from prefect_gliner2.runtime import faults; "
     "faults.install(faults.FaultPlan.from_json(sys.argv[1])); "
     "from prefect_gliner2.flows.cli import console_main; console_main(sys.argv[2:])"
 )
 _FIRST_SCREEN_NOISE = ("Traceback", "database is locked", "to instantiate a model of type", "Error logging to API")
+
+
+def _paced_after(index: int, n_batches: int = 24) -> tuple[Fault, ...]:
+    """A short pause at every batch after `index`: the run still trains when the signal lands (a tiny batch takes
+    ~0.05 s, so without this a busy CI host's test process, waking late, found the run already done: exit 0)."""
+    return tuple(Fault.pause("batch", i, PACE_SECONDS) for i in range(index + 1, n_batches))
 
 
 @pytest.fixture(scope="module")
