@@ -68,7 +68,8 @@ def test_worker_trains_during_the_write_and_holds_one_snapshot(space: dict[str, 
     markers = tmp_path / "markers"
     markers.mkdir()
     uris = {i: str(tmp_path / "bg" / NAMES[k]) for k, i in enumerate((3, 5))}
-    worker = _worker(space, FaultPlan((Fault.pause("checkpoint-write", 3, 4.0),), markers=str(markers)))
+    # the write waits 8 s at its commit: the checks below run inside that window even on a busy host (4 s before)
+    worker = _worker(space, FaultPlan((Fault.pause("checkpoint-write", 3, 8.0),), markers=str(markers)))
     try:
         pending = worker.call(Checkpoint(index=3, uri=uris[3], background=True))  # trains 0..3 itself
         assert pending.pending and not pending.committed and pending.cursor == 4
