@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
 import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from prefect_gliner2.flows.cli import main
-from prefect_gliner2.runtime import spare
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
@@ -24,6 +21,7 @@ from prefect_gliner2.session_core.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import ROOT, assert_same_export, make_inputs, reference_export, wait_for_marker
+from support.processes import assert_no_spare_left
 
 HEAVY = ("torch", "numpy", "transformers", "gliner2", "peft", "safetensors")
 
@@ -87,11 +85,7 @@ def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys
     assert main(_train_args(files, **{"--run-key": "taken"})) == 2
     assert "already holds a different manifest" in capsys.readouterr().err
     # the commands refused after their spare worker started (planning failed) left no process behind
-    deadline = time.monotonic() + 10
-    while any(p.name == spare.SPARE_NAME for p in multiprocessing.active_children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert spare.spare_pid() is None
-    assert not [p.name for p in multiprocessing.active_children() if p.name == spare.SPARE_NAME]
+    assert_no_spare_left()
 
 
 def test_plan_prints_and_writes_a_manifest(

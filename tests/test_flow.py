@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import stat
 import time
@@ -28,6 +27,7 @@ from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
 
 from support.config import training_config
 from support.flow import assert_same_export, installed_faults, make_space, reference_export, run_flow
+from support.processes import assert_no_spare_left
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -120,11 +120,8 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
         checkpointing={"checkpoint_every": 2, "keep_checkpoints": None},
     )
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
-    assert len(adopted) == 1 and spare.spare_pid() is None  # its spare was killed unused
-    deadline = time.monotonic() + 10
-    while any(p.name == spare.SPARE_NAME for p in multiprocessing.active_children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p.name for p in multiprocessing.active_children() if p.name == spare.SPARE_NAME]
+    assert len(adopted) == 1
+    assert_no_spare_left()  # its spare was killed unused
 
 
 def _assert_ui(flow_run_id: str) -> None:

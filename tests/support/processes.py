@@ -1,9 +1,10 @@
-"""Child processes in tests and the chaos engine: SIGKILL one and collect its output, wait until a pid is gone, run
-a served-deployments process for the length of a fixture."""
+"""Child processes in tests and the chaos engine: SIGKILL one and collect its output, wait until a pid is gone, check
+that no spare session worker is left, run a served-deployments process for the length of a fixture."""
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from support.flow import ROOT
 
-__all__ = ["kill9", "pid_gone", "serving"]
+__all__ = ["assert_no_spare_left", "kill9", "pid_gone", "serving"]
 
 
 def kill9(process: subprocess.Popen[str]) -> str:
@@ -35,6 +36,24 @@ def pid_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def assert_no_spare_left(timeout: float = 10.0) -> None:
+    """No spare session worker waits in this process, and none of its children is one (a discarded spare may take a
+    moment to be reaped)."""
+    from prefect_gliner2.runtime import spare
+
+    assert spare.spare_pid() is None
+    deadline = time.monotonic() + timeout
+    while _spares() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _spares()
+
+
+def _spares() -> list[str]:
+    from prefect_gliner2.runtime import spare
+
+    return [p.name for p in multiprocessing.active_children() if p.name == spare.SPARE_NAME]
 
 
 @contextlib.contextmanager
