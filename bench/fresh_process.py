@@ -38,6 +38,9 @@ from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, Tr
 from prefect_gliner2.session_core.checkpoint import open_checkpoint
 from prefect_gliner2.session_core.session_checkpoint import prefetch_state
 from prefect_gliner2.session_core.tiny import tiny_records
+if {keep_cache!r}:  # the comparison: the restore before it dropped its checkpoint from the page cache
+    from prefect_gliner2.session_core.checkpoint import reader
+    reader._drop_cached = lambda handle: None
 imported = time.perf_counter()
 cfg = TrainingConfig.from_dict({config!r})
 plan = ManagedTrainingPlan(tiny_records({records}, seed=3), cfg, architecture={arch!r})
@@ -63,15 +66,17 @@ print("BENCH " + json.dumps({{"imports": imported - started, "build": built - im
 """
 
 
-def worker_start(*, restore: str | None, **settings: Any) -> dict[str, float]:
+def worker_start(*, restore: str | None, keep_cache: bool = False, **settings: Any) -> dict[str, float]:
     """A fresh interpreter with the worker's environment (its memory setting) that builds a session, loads the
     checkpoint `restore` (after the flow side's index check) when given, trains one batch and takes one optimizer
     step. Seconds from after the imports: ``build``, ``load``, ``first_batch``, ``total`` (to the batch done) and
-    ``first_update``. `settings`: threads, config (a TrainingConfig dict), records, arch, model, device, batch."""
+    ``first_update``. `keep_cache`: the restore leaves the checkpoint's pages in the page cache, as restores did
+    before they dropped them (for the side-by-side comparison). `settings`: threads, config (a TrainingConfig dict),
+    records, arch, model, device, batch."""
     from prefect_gliner2.runtime.spawn import worker_environment
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_environment())
-    script = _WORKER_START.format(restore=restore is not None, ckpt=restore or "", **settings)
+    script = _WORKER_START.format(restore=restore is not None, ckpt=restore or "", keep_cache=keep_cache, **settings)
     return run_bench_script(script, env, "worker-like start")
 
 

@@ -14,8 +14,9 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   as a finished run's is, around the page cache: ``write_checkpoint(direct=True)``), load_state (into a fresh session)
   vs a raw read of the checkpoint's files into one reused buffer (the target's baseline) and into freshly allocated
   memory held until the end (the first touch of every page, which a load into a fresh session pays too), all from
-  the page cache (the files were just written), each pair interleaved `--repeats` times; and the extra peak RSS
-  during each (above the larger of before/after, sampled every 5 ms) relative to the checkpoint size.
+  the page cache (each read once untimed first: a restore drops what it read from the cache), each pair interleaved
+  `--repeats` times; and the extra peak RSS during each (above the larger of before/after, sampled every 5 ms)
+  relative to the checkpoint size.
 - resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
   then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
@@ -24,10 +25,12 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
 - resume in a worker-like process: the same comparison in fresh interpreters started with the session worker's
   environment (``worker_environment``: its memory setting), each timed from after its imports (the same in both)
   through the session build, the verified load (resume only) and the first batch: what a restarted worker does,
-  including its head start (``prefetch_state``: the state files read while the model is built). Twice: from a
-  checkpoint at an optimizer-step boundary (every checkpoint of a run without gradient accumulation) and from the
-  mid-window one (pending gradients too). The in-process figure above is the plain `load_state` (no head start)
-  and reuses memory the previous sessions of this process freed; a worker never can.
+  including its head start (``prefetch_state``: the state files read while the model is built). Beside each resume
+  the same resume with the restore's page-cache drop disabled (how restores read before): side by side, what the
+  drop does on this machine. Twice: from a checkpoint at an optimizer-step boundary (every checkpoint of a run without
+  gradient accumulation) and from the mid-window one (pending gradients too). The in-process figure above is the
+  plain `load_state` (no head start) and reuses memory the previous sessions of this process freed; a worker never
+  can.
 - bg vs block: training seconds lost per checkpoint written in the background vs synchronously (bench/overlap.py's
   `checkpoint_overlap`, on a fresh session; `--overlap-rounds 0` skips it).
 - flow-process RSS during a resume: `bench/flow_side_resume.py`, a separate process, imports what a flow process
@@ -188,6 +191,17 @@ def final_save(session: TrainingSession, target: Path) -> None:
     write_checkpoint(str(target), files, meta, direct=True)
 
 
+def cache(folder: Path) -> None:
+    """Read every file in `folder` once, untimed: each timed read, load and resume here starts with the checkpoint in
+    the page cache, as a resume after a kill finds its recently written checkpoint (a restore drops what it read from
+    the cache, so without this the next repeat would read from the disk)."""
+    buffer = bytearray(8 << 20)
+    for path in sorted(folder.iterdir()):
+        with open(path, "rb", buffering=0) as handle:
+            while handle.readinto(buffer):
+                pass
+
+
 def raw_read(folder: Path) -> float:
     """Seconds to read every file in `folder` into one reused 8 MiB buffer (no hashing, no fresh memory)."""
     buffer = bytearray(8 << 20)
@@ -275,10 +289,12 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     if not args.resume_only:
         loads, raw_reads, fresh_reads = [], [], []
         for _ in range(args.repeats):  # interleaved with raw reads of the checkpoint's own files
+            cache(ckpt)
             raw_reads.append(raw_read(ckpt))
             fresh_reads.append(raw_read_fresh(ckpt))
             fresh = new_session(model_dir, cfg, plan, args.device)
             gc.collect()
+            cache(ckpt)
             load_s, before, peak, after = timed(lambda fresh=fresh: fresh.load_state(str(ckpt)))
             loads.append(load_s)
             row.update(load_extra_rss=(peak - max(before, after)) / size)
@@ -321,6 +337,7 @@ def resume(
     batch = plan.batch(2 * args.steps + 3)
 
     def start(restore: bool) -> float:
+        cache(ckpt)
         started = time.perf_counter()
         if restore:
             open_checkpoint(str(ckpt), min_version=1)  # the flow process's damage check: index and sizes only
@@ -339,6 +356,7 @@ def resume(
         fresh.append(start(False))
         resumed.append(start(True))
     index_s = timed(lambda: open_checkpoint(str(ckpt), min_version=1))[0]
+    cache(ckpt)
     verify_s = timed(lambda: read_checkpoint(str(ckpt)))[0]  # what the flow process read before: for comparison
     return {
         **figures("fresh_start_s", fresh),
@@ -362,9 +380,11 @@ def resume_in_worker(
     checkpoint and trains the first batch, against one that builds and trains the same batch; timed from after the
     imports (the same in both) to the batch done. Interleaved `--repeats`. Keys begin with `prefix`."""
 
-    def start(restore: bool) -> dict[str, float]:
+    def start(restore: bool, keep_cache: bool = False) -> dict[str, float]:
+        cache(ckpt)
         return worker_start(
             restore=str(ckpt) if restore else None,
+            keep_cache=keep_cache,
             threads=torch.get_num_threads(),
             config=cfg.to_dict(),
             records=4 * args.steps + 8,
@@ -374,11 +394,16 @@ def resume_in_worker(
             batch=2 * args.steps + 3,
         )
 
-    fresh, resumed = [], []
-    for _ in range(args.repeats):
+    fresh, resumed, kept = [], [], []
+    for repeat in range(args.repeats):  # the two resumes in turns first, so neither always follows the fresh start
         fresh.append(start(False))
-        resumed.append(start(True))
+        for keep in (False, True) if repeat % 2 == 0 else (True, False):
+            (kept if keep else resumed).append(start(True, keep_cache=keep))
     return {
+        **figures(f"{prefix}_kept_resume_s", [r["total"] for r in kept]),
+        **ratios(f"{prefix}_kept_resume_ratio", [r["total"] for r in kept], [r["total"] for r in fresh]),
+        **figures(f"{prefix}_kept_resume_batch_s", [r["first_batch"] for r in kept]),
+        **ratios(f"{prefix}_kept_update_ratio", [r["first_update"] for r in kept], [r["first_update"] for r in fresh]),
         **figures(f"{prefix}_fresh_s", [r["total"] for r in fresh]),
         **figures(f"{prefix}_resume_s", [r["total"] for r in resumed]),
         **ratios(f"{prefix}_resume_ratio", [r["total"] for r in resumed], [r["total"] for r in fresh]),

@@ -108,6 +108,13 @@ def print_worker_resume(rows: list[dict[str, Any]]) -> None:
                 f"there, a resume in its load): {spread(r, f'{prefix}_resume_update_s')} s vs "
                 f"{spread(r, f'{prefix}_fresh_update_s')} s, {spread(r, f'{prefix}_update_ratio')}"
             )
+            if f"{prefix}_kept_resume_ratio" in r:
+                print(
+                    f"{r['arch']:9} {case:5} the same resume keeping the checkpoint in the page cache (as restores did "
+                    f"before they dropped it): to the first batch {spread(r, f'{prefix}_kept_resume_ratio')} "
+                    f"(its batch {spread(r, f'{prefix}_kept_resume_batch_s')} s), to the first update "
+                    f"{spread(r, f'{prefix}_kept_update_ratio')}"
+                )
 
 
 def print_flow_side(rows: list[dict[str, Any]]) -> None:

@@ -296,7 +296,7 @@ class ManagedTraining:
 
     def load_state(self, uri: str) -> dict[str, Any]:
         """Continue a managed run from its checkpoint; needs a fresh session and the same plan."""
-        checkpoint = open_checkpoint(uri)
+        checkpoint = open_checkpoint(uri, read_once=True)  # its bytes end in the tensors: no cached copy kept
         if checkpoint.meta.get("kind") != MANAGED_KIND:
             raise PlanMismatchError(f"{uri} is a plain session checkpoint; use TrainingSession.load_state for it")
         state = json.loads(checkpoint.require(MANAGED_STATE_FILE))

@@ -223,7 +223,7 @@ class TrainingSession(SessionCheckpointing):
                 raise SessionStateError(
                     "load_state needs a fresh session (no forward_backward, optim_step or load yet)"
                 )
-            checkpoint = open_checkpoint(uri)
+            checkpoint = open_checkpoint(uri, read_once=True)  # its bytes end in the tensors: no cached copy kept
             self.restore_payload(checkpoint)
             return checkpoint.meta
 

@@ -47,8 +47,9 @@ def prefetch_state(uri: str) -> None:
     `load_state(uri)` in this process to take instead of reading them then: call it before building the model and
     session, and the largest part of a resume's reading (the optimizer moments and gradients are 3x the weights of a
     full fine-tune) overlaps that work. The same bytes land in the same tensors; a damaged file raises in
-    `load_state` as it would without the prefetch. Index and sizes are checked here (CheckpointError)."""
-    prefetch_checkpoint(uri, PREFETCHED_FILES, read_tensors)
+    `load_state` as it would without the prefetch. Index and sizes are checked here (CheckpointError). Like
+    `load_state`, the files read leave the page cache (``checkpoint/reader.py``: ``read_once``)."""
+    prefetch_checkpoint(uri, PREFETCHED_FILES, read_tensors, read_once=True)
 
 
 def tensor_file(checkpoint: Checkpoint, name: str) -> dict[str, torch.Tensor]:

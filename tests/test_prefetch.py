@@ -1,6 +1,7 @@
 """A resume's state files read in the background while the session is built (``prefetch_state``): each file read
 once, in the prefetch thread, the same bits as a restore that reads them itself, damage reported by `load_state` as
-before, and a prefetch never handed to another checkpoint."""
+before, and a prefetch never handed to another checkpoint. A restore leaves its checkpoint's own files out of the
+page cache (their bytes are in the tensors now); a verification or a warm start from the same files keeps them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.session_core import CheckpointDamagedError, ManagedTraining, TrainingSession, layout
-from prefect_gliner2.session_core.checkpoint import discard_prefetch, open_checkpoint, reader
+from prefect_gliner2.session_core.checkpoint import discard_prefetch, open_checkpoint, read_checkpoint, reader
+from prefect_gliner2.session_core.checkpoint.format import INDEX_FILE
 from prefect_gliner2.session_core.session_checkpoint import PREFETCHED_FILES, prefetch_state
 
+from support.pagecache import cached_files, cached_pages, read_through_cache
 from support.session import (
     assert_bitwise_equal,
     eval_records,
@@ -172,3 +175,56 @@ def test_the_worker_build_restores_through_the_prefetch_and_continues_bitwise(tm
     assert reader._pending is None
     resumed.run(until=plan.batch_count)
     assert_bitwise_equal(snapshot(resumed.session), snapshot(first.session))
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["direct", "prefetched"])
+def test_a_restore_drops_its_checkpoint_from_the_page_cache_and_other_reads_keep_it(tmp_path, prefetch):
+    config, plan, uri, tail, expected = _mid_window_checkpoint(tmp_path)
+    folder = Path(uri)
+    read_through_cache(folder)
+    every = {path.name for path in folder.iterdir()}
+    assert set(cached_files(folder)) == every  # all of it cached before (the check below would pass vacuously)
+
+    read_checkpoint(uri)  # a verification (the worker's re-check after a failed load): the cache stays
+    warm = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    warm.load_weights(uri)  # a warm start from these weights (another run may start from them too): it stays
+    assert set(cached_files(folder)) == every
+
+    if prefetch:
+        prefetch_state(uri)
+    resumed = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    resumed.load_state(uri)
+    # every file the restore read, in either thread, left the cache; the small index (read by the flow too) stays
+    assert cached_files(folder) == {INDEX_FILE: cached_pages(folder / INDEX_FILE)[1]}
+    assert run_direct(resumed, plan, start=7) == tail  # and the same bits as ever
+    assert_bitwise_equal(snapshot(resumed), expected)
+
+
+def test_a_managed_restore_drops_its_own_files_and_keeps_the_shared_best_weights_blob(tmp_path):
+    config = make_config(
+        "span", False, eval_strategy="steps", eval_steps=1, save_best=True, num_epochs=2, metric_for_best="eval_loss"
+    )
+    plan = make_plan("span", config)
+    managed = ManagedTraining(
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+    )
+    while not managed.has_best or managed.validation_due:
+        managed.run(until=managed.cursor + 1)
+    uri = str(tmp_path / "managed")
+    managed.save_state(uri)
+    ref = open_checkpoint(uri).refs[layout.BEST_WEIGHTS_FILE]
+    blob = (Path(uri) / ref.path).resolve()
+    assert not blob.is_relative_to(Path(uri).resolve())  # stored beside, shared by the run's checkpoints
+    read_through_cache(Path(uri))
+    blob.read_bytes()
+    assert cached_pages(blob)[0] == cached_pages(blob)[1] > 0
+
+    prefetch_state(uri)
+    resumed = ManagedTraining(
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+    )
+    resumed.load_state(uri)
+    assert set(cached_files(Path(uri))) == {INDEX_FILE}
+    assert cached_pages(blob)[0] == cached_pages(blob)[1]  # the next checkpoint refers to it again: kept
+    assert_bitwise_equal(resumed.best_state, managed.best_state)
+    assert_bitwise_equal(snapshot(resumed.session), snapshot(managed.session))

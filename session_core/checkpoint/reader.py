@@ -5,6 +5,14 @@ read) and raises at the end of the file when size or digest differ. No file is e
 `open_checkpoint` checks the index and every file's size (stat only); `read_checkpoint` also streams every file
 through the hash before returning (for callers that must know a checkpoint is intact before using it).
 
+A checkpoint opened with ``read_once=True`` (a restore: ``load_state``, and the prefetch that feeds it) drops each of
+its own local files (not the small index) from the page cache once that file is read: its bytes now live in the
+session's tensors, the next checkpoint supersedes it, and a cached copy would only hold memory (on a virtual machine
+whose host backs guest pages on first use, the pages freed this way are the cheap ones the first batch after a resume
+allocates next). A second restore from the same checkpoint reads it from the disk. Files it references elsewhere
+(blobs shared between checkpoints), reads without ``read_once`` (a verification, a warm start) and other stores are
+left alone.
+
 `prefetch_checkpoint` starts reading (and verifying) some files of a checkpoint in one background thread while the
 caller does other work (a worker builds its model meanwhile); the next `open_checkpoint` of the same checkpoint
 hands those results over (`Checkpoint.prefetched`), and a reader of them gets the same data or the same error as a
@@ -111,8 +119,10 @@ class VerifiedReader:
 class Checkpoint:
     """A committed checkpoint's index (files, refs, meta) with verified streaming access to its files."""
 
-    def __init__(self, uri: str, fs: Any, path: str, index: dict[str, Any]) -> None:
+    def __init__(self, uri: str, fs: Any, path: str, index: dict[str, Any], *, read_once: bool = False) -> None:
         self.uri = uri
+        #: Drop each of this checkpoint's own local files from the page cache after reading it (module docstring).
+        self.read_once = read_once
         self.meta: dict[str, Any] = index.get("meta", {}) if isinstance(index.get("meta"), dict) else {}
         self.version = int(index["version"])
         self.refs = {name: FileRef.from_dict(v, uri) for name, v in dict(index.get("refs") or {}).items()}
@@ -152,11 +162,16 @@ class Checkpoint:
     def open(self, name: str) -> Iterator[VerifiedReader]:
         """Stream one file; on a clean exit the rest is read and size and digest are checked (CheckpointError)."""
         file_path, entry = self._entry(name)
-        handle = _open_sequential(file_path) if is_local(self._fs) else self._fs.open(file_path, "rb")
+        local = is_local(self._fs)
+        handle = _open_sequential(file_path) if local else self._fs.open(file_path, "rb")
         with handle:
             reader = VerifiedReader(handle, name, entry, self.uri)
-            yield reader
-            reader.finish()
+            try:
+                yield reader
+                reader.finish()
+            finally:
+                if local and self.read_once and name not in self.refs:
+                    _drop_cached(handle)
 
     def require(self, name: str) -> bytes:
         """A (small) file's verified bytes."""
@@ -220,6 +235,13 @@ def _open_sequential(path: str) -> IO[bytes]:
     return handle
 
 
+def _drop_cached(handle: IO[bytes]) -> None:
+    """Ask the kernel to drop a local file's clean pages from the page cache (a hint: checkpoint files are fsynced
+    when written, so every page is clean; pages another process has mapped stay)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def checkpoint_exists(uri: str) -> bool:
     """True when `uri` holds a committed checkpoint index (contents are not verified here)."""
     fs, path = resolve(uri)
@@ -256,9 +278,10 @@ _pending_lock = threading.Lock()
 _pending: Checkpoint | None = None  # the one prefetched checkpoint the next open_checkpoint of its uri takes
 
 
-def open_checkpoint(uri: str, *, min_version: int = RESUMABLE_VERSION) -> Checkpoint:
+def open_checkpoint(uri: str, *, min_version: int = RESUMABLE_VERSION, read_once: bool = False) -> Checkpoint:
     """The checkpoint at `uri` with its index checked and every file's size stat-checked; contents are verified as
-    they are read. `min_version` 1 admits format-1 checkpoints (for reading their weights only). When
+    they are read. `min_version` 1 admits format-1 checkpoints (for reading their weights only). `read_once`: each
+    of its own local files leaves the page cache once read (a restore; see the module docstring). When
     `prefetch_checkpoint` started reading this checkpoint (the same uri and the same index), the checkpoint returned
     carries those reads (`Checkpoint.prefetched`)."""
     global _pending
@@ -273,21 +296,25 @@ def open_checkpoint(uri: str, *, min_version: int = RESUMABLE_VERSION) -> Checkp
         pending, _pending = (_pending, None) if _pending is not None and _pending.uri == uri else (None, _pending)
     if pending is not None and pending._index == index:
         pending.check_sizes()
+        pending.read_once = pending.read_once or read_once
         return pending
     if pending is not None:
         pending.discard_prefetched()
-    checkpoint = Checkpoint(uri, fs, path, index)
+    checkpoint = Checkpoint(uri, fs, path, index, read_once=read_once)
     checkpoint.check_sizes()
     return checkpoint
 
 
-def prefetch_checkpoint(uri: str, names: Iterable[str], load: Callable[[VerifiedReader], Any]) -> None:
+def prefetch_checkpoint(
+    uri: str, names: Iterable[str], load: Callable[[VerifiedReader], Any], *, read_once: bool = False
+) -> None:
     """Start reading the files `names` of the checkpoint at `uri` (those it has) in a background thread, each through
     `load`, for the next `open_checkpoint(uri)` to hand over (one pending prefetch per process: a new one replaces
-    an untaken one). The index and sizes are checked here (CheckpointError as `open_checkpoint` raises it)."""
+    an untaken one). The index and sizes are checked here (CheckpointError as `open_checkpoint` raises it).
+    `read_once` as for `open_checkpoint`."""
     global _pending
     discard_prefetch()
-    checkpoint = open_checkpoint(uri, min_version=1)
+    checkpoint = open_checkpoint(uri, min_version=1, read_once=read_once)
     checkpoint.prefetch(names, load)
     with _pending_lock:
         replaced, _pending = _pending, checkpoint
