@@ -19,7 +19,8 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   relative to the checkpoint size.
 - resume: the flow process's damage check (`open_checkpoint`: the index and every file's size, no payload read),
   then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
-  batch, against a fresh session that runs its first batch; the ratio of the two wall times. Beside it, the seconds
+  batch, against a fresh session that runs its first batch; the ratio of the two wall times. The page cache as each
+  finds it in a run: a fresh start with no checkpoint cached, a resume with its own. Beside it, the seconds
   of the index check and of the full streamed verification the flow process did before (`read_checkpoint`).
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
 - resume in a worker-like process: the same comparison in fresh interpreters started with the session worker's
@@ -202,6 +203,22 @@ def cache(folder: Path) -> None:
                 pass
 
 
+def cached_as_at_a_start(ckpt: Path, restore: bool) -> None:
+    """The page cache as a start finds it: no checkpoint of this benchmark cached for a fresh start (a new run has
+    none), only its own checkpoint for a resume (written shortly before the kill). Without this a fresh start would
+    run beside gigabytes of this benchmark's checkpoints in the cache, which on a VM whose host backs only so much
+    guest memory cheaply (see ``fresh_process.first_touch``) makes its own allocations dearer."""
+    for folder in ckpt.parent.glob("ckpt-*"):
+        for path in folder.iterdir():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    if restore:
+        cache(ckpt)
+
+
 def raw_read(folder: Path) -> float:
     """Seconds to read every file in `folder` into one reused 8 MiB buffer (no hashing, no fresh memory)."""
     buffer = bytearray(8 << 20)
@@ -337,7 +354,7 @@ def resume(
     batch = plan.batch(2 * args.steps + 3)
 
     def start(restore: bool) -> float:
-        cache(ckpt)
+        cached_as_at_a_start(ckpt, restore)
         started = time.perf_counter()
         if restore:
             open_checkpoint(str(ckpt), min_version=1)  # the flow process's damage check: index and sizes only
@@ -381,7 +398,7 @@ def resume_in_worker(
     imports (the same in both) to the batch done. Interleaved `--repeats`. Keys begin with `prefix`."""
 
     def start(restore: bool, keep_cache: bool = False) -> dict[str, float]:
-        cache(ckpt)
+        cached_as_at_a_start(ckpt, restore)
         return worker_start(
             restore=str(ckpt) if restore else None,
             keep_cache=keep_cache,
