@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             if Path(f"{tmp}/chaos.json").exists():
                 rows += chaos_rows(json.loads(Path(f"{tmp}/chaos.json").read_text()))
         if "realsize" not in skip:
-            out, _, code = run("realsize.py", *on, "--json", f"{tmp}/realsize.json", timeout=2400)
+            out, _, code = run("realsize.py", *on, "--json", f"{tmp}/realsize.json", timeout=3600)
             raw[f"bench/realsize.py {' '.join(on)}"] = out
             if code == 0:
                 rows += realsize_rows(json.loads(Path(f"{tmp}/realsize.json").read_text()))
