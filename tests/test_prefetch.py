@@ -118,7 +118,9 @@ def test_a_prefetch_is_handed_only_to_the_same_checkpoint(tmp_path):
     assert reader._pending is None
 
 
-def test_a_managed_restore_takes_its_best_weights_from_the_prefetch(tmp_path, opens):
+def _managed_with_best():
+    """A managed run (span, validation every step, best weights kept) trained until it has a best and no validation
+    is due: its checkpoint holds the best-weights blob reference."""
     config = make_config(
         "span", False, eval_strategy="steps", eval_steps=1, save_best=True, num_epochs=2, metric_for_best="eval_loss"
     )
@@ -128,14 +130,23 @@ def test_a_managed_restore_takes_its_best_weights_from_the_prefetch(tmp_path, op
     )
     while not managed.has_best or managed.validation_due:
         managed.run(until=managed.cursor + 1)
+    return config, plan, managed
+
+
+def _fresh_managed(config, plan):  # type: ignore[no-untyped-def]
+    return ManagedTraining(
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
+    )
+
+
+def test_a_managed_restore_takes_its_best_weights_from_the_prefetch(tmp_path, opens):
+    config, plan, managed = _managed_with_best()
     assert managed.best_state is not None
     uri = str(tmp_path / "managed")
     managed.save_state(uri)
     opens.clear()
     prefetch_state(uri)
-    resumed = ManagedTraining(
-        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
-    )
+    resumed = _fresh_managed(config, plan)
     resumed.load_state(uri)
     assert_bitwise_equal(resumed.best_state, managed.best_state)
     assert [thread for name, thread in opens if name == layout.BEST_WEIGHTS_FILE] == ["checkpoint-prefetch"]
@@ -201,15 +212,7 @@ def test_a_restore_drops_its_checkpoint_from_the_page_cache_and_other_reads_keep
 
 
 def test_a_managed_restore_drops_its_own_files_and_keeps_the_shared_best_weights_blob(tmp_path):
-    config = make_config(
-        "span", False, eval_strategy="steps", eval_steps=1, save_best=True, num_epochs=2, metric_for_best="eval_loss"
-    )
-    plan = make_plan("span", config)
-    managed = ManagedTraining(
-        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
-    )
-    while not managed.has_best or managed.validation_due:
-        managed.run(until=managed.cursor + 1)
+    config, plan, managed = _managed_with_best()
     uri = str(tmp_path / "managed")
     managed.save_state(uri)
     ref = open_checkpoint(uri).refs[layout.BEST_WEIGHTS_FILE]
@@ -220,9 +223,7 @@ def test_a_managed_restore_drops_its_own_files_and_keeps_the_shared_best_weights
     assert cached_pages(blob)[0] == cached_pages(blob)[1] > 0
 
     prefetch_state(uri)
-    resumed = ManagedTraining(
-        TrainingSession(make_model("span"), config, max_steps=plan.max_steps), plan, eval_examples=eval_records()
-    )
+    resumed = _fresh_managed(config, plan)
     resumed.load_state(uri)
     assert set(cached_files(Path(uri))) == {INDEX_FILE}
     assert cached_pages(blob)[0] == cached_pages(blob)[1]  # the next checkpoint refers to it again: kept
