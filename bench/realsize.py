@@ -21,7 +21,9 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   then a fresh session that loads the checkpoint (the worker's verified read, the only full read) and runs its first
   batch, against a fresh session that runs its first batch; the ratio of the two wall times. The page cache as each
   finds it in a run: a fresh start with no checkpoint cached, a resume with its own. Beside it, the seconds
-  of the index check and of the full streamed verification the flow process did before (`read_checkpoint`).
+  of the index check and of the full streamed verification the flow process did before (`read_checkpoint`), and a
+  raw read of the checkpoint once it is out of the page cache (from the disk: what a second restore from the same
+  checkpoint reads, since a restore drops what it read).
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
 - resume in a worker-like process: the same comparison in fresh interpreters started with the session worker's
   environment (``worker_environment``: its memory setting), each timed from after its imports (the same in both)
@@ -196,11 +198,7 @@ def cache(folder: Path) -> None:
     """Read every file in `folder` once, untimed: each timed read, load and resume here starts with the checkpoint in
     the page cache, as a resume after a kill finds its recently written checkpoint (a restore drops what it read from
     the cache, so without this the next repeat would read from the disk)."""
-    buffer = bytearray(8 << 20)
-    for path in sorted(folder.iterdir()):
-        with open(path, "rb", buffering=0) as handle:
-            while handle.readinto(buffer):
-                pass
+    raw_read(folder)
 
 
 def cached_as_at_a_start(ckpt: Path, restore: bool) -> None:
@@ -375,12 +373,15 @@ def resume(
     index_s = timed(lambda: open_checkpoint(str(ckpt), min_version=1))[0]
     cache(ckpt)
     verify_s = timed(lambda: read_checkpoint(str(ckpt)))[0]  # what the flow process read before: for comparison
+    cached_as_at_a_start(ckpt, restore=False)  # out of the page cache: what a second restore from it reads
+    disk_read_s = raw_read(ckpt)
     return {
         **figures("fresh_start_s", fresh),
         **figures("resume_s", resumed),
         **ratios("resume_ratio", resumed, fresh),
         "index_check_s": index_s,
         "verify_s": verify_s,
+        "disk_read_s": disk_read_s,
     }
 
 

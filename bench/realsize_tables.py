@@ -64,6 +64,7 @@ def print_all(rows: list[dict[str, Any]]) -> None:
                 f"{r['overlap_bg_steps']:8.0f}"
             )
     print("bg vs block: training time lost per checkpoint, background / synchronous write (bench/overlap.py)")
+    print_disk_read(rows)
     print_worker_resume(rows)
     print_flow_side(rows)
 
@@ -117,6 +118,15 @@ def print_worker_resume(rows: list[dict[str, Any]]) -> None:
                 )
 
 
+def print_disk_read(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if "disk_read_s" in r:
+            print(
+                f"{r['arch']:9} raw read of the checkpoint out of the page cache (from the disk, what a second restore "
+                f"from it reads): {r['disk_read_s']:.2f} s, {r['checkpoint_bytes'] / 1e9 / r['disk_read_s']:.2f} GB/s"
+            )
+
+
 def print_flow_side(rows: list[dict[str, Any]]) -> None:
     print(f"\n{'arch':9} {'flow RSS MB':>11} {'of it resume MB':>15} {'flow side s':>11}")
     for r in rows:
@@ -136,5 +146,6 @@ def print_resume(rows: list[dict[str, Any]]) -> None:
             f"{spread(r, 'resume_ratio'):>18}"
         )
     print("index s: the flow process's damage check now; verify s: the full verification it did before (not run)")
+    print_disk_read(rows)
     print_worker_resume(rows)
     print_flow_side(rows)
