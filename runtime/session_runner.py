@@ -54,19 +54,36 @@ from prefect_gliner2.session_core import layout, storage
 if TYPE_CHECKING:
     from prefect_gliner2.session_core.native_save import SameBytes
 
-__all__ = ["HANDLERS", "SessionRunner"]
+__all__ = ["HANDLERS", "SessionRunner", "StartClock"]
 
 _WRITTEN_KEPT = 64  # background writes remembered for CommitCheckpoint (operations sent ahead are at most 64)
+
+
+class StartClock:
+    """A worker's start, phase by phase: (phase, seconds after its entry point), for ``StatusResult.start``."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        self.phases: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self.phases.append((phase, round(time.monotonic() - self.began, 3)))
 
 
 class SessionRunner:
     """The operations a worker executes, over one ManagedTraining."""
 
-    def __init__(self, spec: WorkerSpec, restore_uri: str | None) -> None:
+    def __init__(
+        self, spec: WorkerSpec, restore_uri: str | None, *, head_started: bool = False, start: StartClock | None = None
+    ) -> None:
         import torch
 
         self.faults = spec.faults or FaultPlan()
-        self.plan, self.run = build_training(spec, restore_uri)
+        self.start = start or StartClock()
+        if restore_uri and not head_started:
+            self.start.mark("prefetch")
+        self.plan, self.run = build_training(spec, restore_uri, head_started=head_started)
+        self.start.mark("ready")
         self.restored_from = restore_uri
         self.threads = torch.get_num_threads()
         self._writer: BackgroundWrite | None = None  # the one background checkpoint write in flight
@@ -129,6 +146,7 @@ class SessionRunner:
             device=str(run.session.device),
             batch_count=self.plan.batch_count,
             pending_checkpoint=self._writer.uri if self._writer is not None and not self._writer.done() else None,
+            start=tuple(self.start.phases),
         )
 
     def advance(self, request: Advance) -> AdvanceResult:

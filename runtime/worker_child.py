@@ -24,7 +24,8 @@ import time
 from typing import Any, NoReturn
 
 from prefect_gliner2.runtime.protocol import Call, Close, Init, Reply, Status, encode_error
-from prefect_gliner2.runtime.session_runner import SessionRunner
+from prefect_gliner2.runtime.session_runner import SessionRunner, StartClock
+from prefect_gliner2.runtime.worker_setup import head_start
 
 __all__ = ["worker_main"]
 
@@ -37,13 +38,18 @@ def worker_main(conn: Any, parent_pid: int) -> None:
     _leave_process_group()
     _die_with_parent(parent_pid)
     _quiet_logging()
-    _import_training_stack()  # before the run arrives: a spare (runtime.spare) has it done by then
+    clock = StartClock()
+    # before the run arrives: a spare (runtime.spare) has it done by then; a worker spawned for its run has the run
+    # by the time torch is imported, and starts reading its checkpoint before importing the rest
+    init, head_started = _import_training_stack(conn, clock)
+    if init is None:
+        try:
+            init = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        clock.mark("run")
     try:
-        init: Init = conn.recv()
-    except (EOFError, OSError):
-        os._exit(0)
-    try:
-        runner = SessionRunner(init.spec, init.restore)
+        runner = SessionRunner(init.spec, init.restore, head_started=head_started, start=clock)
     except BaseException as exc:  # noqa: BLE001 - reported to the client, then this process exits
         _reply_error(conn, 0, exc)
         os._exit(2)
@@ -51,18 +57,35 @@ def worker_main(conn: Any, parent_pid: int) -> None:
     _serve(conn, runner)
 
 
-def _import_training_stack() -> None:
+def _import_training_stack(conn: Any, clock: StartClock) -> tuple[Init | None, bool]:
     """Import what building a session imports (torch, transformers, gliner2 and the session engine): most of a
-    worker's start, the same modules in the same order whenever the run arrives. A failure here is left for
-    ``SessionRunner`` to raise and report."""
+    worker's start, the same modules whenever the run arrives. Torch first: when the run is already here then (a
+    worker spawned for it), its checkpoint's background read starts before the seconds of transformers and gliner2
+    imports (``worker_setup.head_start``), and the run is returned with whether that head start ran. A failure here
+    is left for ``SessionRunner`` to raise and report."""
+    init: Init | None = None
+    head_started = False
     try:
-        import gliner2.auto  # noqa: F401
         import torch  # noqa: F401
+
+        if conn.poll(0):
+            try:
+                init = conn.recv()
+            except (EOFError, OSError):
+                os._exit(0)
+            clock.mark("run")
+            if init.restore:
+                clock.mark("prefetch")
+            head_start(init.spec, init.restore)
+            head_started = True
+        import gliner2.auto  # noqa: F401
 
         import prefect_gliner2.session_core.managed  # noqa: F401
         import prefect_gliner2.session_core.session_checkpoint  # noqa: F401
     except Exception:  # noqa: BLE001, S110 - raised again, and reported, where the run's build imports it
         pass
+    clock.mark("imported")
+    return init, head_started
 
 
 def _serve(conn: Any, runner: SessionRunner) -> None:

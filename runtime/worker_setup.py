@@ -5,7 +5,9 @@ thread counts, reads the run's manifest, loads the model (an init-weights export
 adapters), runs the pre-flight on a span model (``runtime.preflight``: a dead count head stops the run), builds the
 TrainingSession and ManagedTraining, then restores the checkpoint it is given, or loads the init weights of a fresh
 run. A checkpoint to restore starts reading before the model loads (its optimizer moments and gradients, in a
-background thread), so that most of a resume's reading overlaps the model's construction.
+background thread), so that most of a resume's reading overlaps the model's construction; a worker that learns its
+checkpoint before it has imported gliner2 starts it even earlier (``head_start``, from ``runtime.worker_child``), so
+that the reading overlaps those imports too.
 """
 
 from __future__ import annotations
@@ -21,17 +23,28 @@ if TYPE_CHECKING:
     from prefect_gliner2.session_core.managed import ManagedTraining
     from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
-__all__ = ["build_training", "init_weights_dir"]
+__all__ = ["build_training", "head_start", "init_weights_dir"]
 
 
-def build_training(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTrainingPlan, ManagedTraining]:
-    """The worker's plan and managed run, restored from `restore_uri` when given (see the module docstring)."""
+def head_start(spec: WorkerSpec, restore_uri: str | None) -> None:
+    """Pin the torch and hashing thread counts, and start reading the checkpoint to restore in the background (see
+    ``_prefetch``). Imports only torch and the checkpoint reader: a worker calls it as soon as its run arrives, before
+    it imports gliner2 and transformers, when the run arrives that early."""
     import torch
 
     torch.set_num_threads(int(spec.cpu_threads))
     set_hash_threads(int(spec.cpu_threads))  # checkpoint hashing stays within the slot's CPU share too
     if restore_uri:
         _prefetch(restore_uri)
+
+
+def build_training(
+    spec: WorkerSpec, restore_uri: str | None, *, head_started: bool = False
+) -> tuple[ManagedTrainingPlan, ManagedTraining]:
+    """The worker's plan and managed run, restored from `restore_uri` when given (see the module docstring).
+    `head_started`: ``head_start(spec, restore_uri)`` ran already in this process."""
+    if not head_started:
+        head_start(spec, restore_uri)
     try:
         return _build(spec, restore_uri)
     finally:
@@ -92,7 +105,7 @@ def _prefetch(uri: str) -> None:
     """Read the checkpoint's optimizer moments, gradients, RNG and best weights in the background while the model
     loads (``session_core.session_checkpoint.prefetch_state``). Only a head start: when it cannot start (e.g. a
     damaged index), the restore reads the checkpoint itself and reports what is wrong as it always does."""
-    from prefect_gliner2.session_core.session_checkpoint import prefetch_state
+    from prefect_gliner2.session_core.prefetch import prefetch_state
 
     try:
         prefetch_state(uri)

@@ -87,6 +87,8 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_p
     worker = _worker(run, locator=lambda: restore[0], faults=plan)
     try:
         worker.call(Advance(first=0, through=2))
+        # a worker spawned for its run has it once torch is imported; nothing to read ahead on a fresh start
+        assert [phase for phase, _ in worker.call(Status()).start] == ["run", "imported", "ready"]
         assert worker.call(Checkpoint(index=3, uri=checkpoint)).committed  # advances to 3 itself
         restore[0] = checkpoint
         worker.call(Advance(first=4, through=8))
@@ -100,6 +102,10 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_p
         assert pid_gone(first_pid or 0)
         resumed = worker.call(Advance(first=9, through=9))  # fresh worker from the checkpoint, replays 4..8
         assert resumed.replayed == 5 and resumed.cursor == 10
+        # the restarted worker began reading its checkpoint before it imported transformers and gliner2
+        start = worker.call(Status()).start
+        assert [phase for phase, _ in start] == ["run", "prefetch", "imported", "ready"]
+        assert [seconds for _, seconds in start] == sorted(seconds for _, seconds in start)
         assert worker.incarnation != first_incarnation and worker.restored_from == checkpoint
         assert worker.incarnation and worker.incarnation.startswith("step-000002-batch-000003@")
         worker.call(Export(uri=str(tmp_path / "export"), which="best"))
