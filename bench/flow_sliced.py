@@ -106,7 +106,8 @@ class Side(Timeline):
         self.root = psutil.Process(self.process.pid)
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.process.stderr), daemon=True).start()  # type: ignore[arg-type]
+        self._errors = threading.Thread(target=lambda: self.stderr.extend(self.process.stderr), daemon=True)  # type: ignore[arg-type]
+        self._errors.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -166,6 +167,7 @@ class Side(Timeline):
                 pass
         self.signal(signal.SIGCONT)
         self.process.wait(timeout=60)
+        self._errors.join(timeout=10)
 
 
 def count_at(xs: list[float], ys: list[int], x: float) -> float | None:
@@ -246,6 +248,13 @@ def bench_case(case: dict[str, Any], args: argparse.Namespace, threads: int, wor
             native.kill()
             if flowside is not None:
                 flowside.kill()
+            if args.logs:  # each side's stderr (the flow's: Prefect's log lines), to look into a slow block
+                logs = Path(args.logs)
+                logs.mkdir(parents=True, exist_ok=True)
+                for side in (native, flowside):
+                    if side is not None:
+                        name = f"{case['model'].replace(':', '-')}-{side.name}.log"
+                        (logs / name).write_text("".join(side.stderr), encoding="utf-8")
     figures = measure(native, flowside, args.block)
     return {
         "case": case["name"],
@@ -346,6 +355,7 @@ def main() -> None:
         default="default",
         help="the native run's malloc: glibc's default (as users start it) or the flow worker's setting",
     )
+    parser.add_argument("--logs", help="write each side's stderr (the flow's log) to this folder, per case")
     parser.add_argument("--json", help="also write the figures and the raw marks and slices as JSON to this file")
     parser.add_argument("--device", help="cpu or cuda for the flow's worker (native gliner2 uses CUDA when present)")
     parser.add_argument("--bf16", action="store_true", help="bf16 in both (CUDA with native bf16 only)")

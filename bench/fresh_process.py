@@ -33,20 +33,27 @@ import json, sys, time
 started = time.perf_counter()
 import torch
 torch.set_num_threads({threads})
-from gliner2.auto import AutoExtractor
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-from prefect_gliner2.session_core.checkpoint import open_checkpoint
-from prefect_gliner2.session_core.session_checkpoint import prefetch_state
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.session_core.checkpoint import open_checkpoint, set_hash_threads
+from prefect_gliner2.session_core.prefetch import prefetch_state
+set_hash_threads({threads})
 if {keep_cache!r}:  # the comparison: the restore before it dropped its checkpoint from the page cache
     from prefect_gliner2.session_core.checkpoint import reader
     reader._drop_cached = lambda handle: None
+
+def head_start():
+    open_checkpoint({ckpt!r}, min_version=1)  # the flow side's index check
+    prefetch_state({ckpt!r})  # the worker's head start: state files read while the rest loads
+
+if {restore!r} and {spawned!r}:  # a worker spawned for its run: the read begins before transformers and gliner2 load
+    head_start()
+from gliner2.auto import AutoExtractor
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.session_core.tiny import tiny_records
 imported = time.perf_counter()
+if {restore!r} and not {spawned!r}:  # a spare: its run (and checkpoint) arrives once it has imported everything
+    head_start()
 cfg = TrainingConfig.from_dict({config!r})
 plan = ManagedTrainingPlan(tiny_records({records}, seed=3), cfg, architecture={arch!r})
-if {restore!r}:
-    open_checkpoint({ckpt!r}, min_version=1)  # the flow side's index check
-    prefetch_state({ckpt!r})  # the worker's head start: state files read while the model is built
 session = TrainingSession(AutoExtractor.from_pretrained({model!r}), cfg, max_steps=plan.max_steps, device={device!r})
 built = time.perf_counter()
 if {restore!r}:
@@ -62,21 +69,29 @@ if {device!r}.startswith("cuda"):
 updated = time.perf_counter()
 print("BENCH " + json.dumps({{"imports": imported - started, "build": built - imported, "load": loaded - built,
                               "first_batch": done - loaded, "total": done - imported,
-                              "first_update": updated - imported}}))
+                              "first_update": updated - imported, "from_start": done - started,
+                              "update_from_start": updated - started}}))
 """
 
 
-def worker_start(*, restore: str | None, keep_cache: bool = False, **settings: Any) -> dict[str, float]:
+def worker_start(
+    *, restore: str | None, keep_cache: bool = False, spawned: bool = False, **settings: Any
+) -> dict[str, float]:
     """A fresh interpreter with the worker's environment (its memory setting) that builds a session, loads the
     checkpoint `restore` (after the flow side's index check) when given, trains one batch and takes one optimizer
     step. Seconds from after the imports: ``build``, ``load``, ``first_batch``, ``total`` (to the batch done) and
-    ``first_update``. `keep_cache`: the restore leaves the checkpoint's pages in the page cache, as restores did
-    before they dropped them (for the side-by-side comparison). `settings`: threads, config (a TrainingConfig dict),
-    records, arch, model, device, batch."""
+    ``first_update``; from the script's start (imports included): ``from_start`` and ``update_from_start``.
+    `spawned`: the order of a worker spawned for its run (``runtime.worker_child``: the checkpoint's background read
+    starts once torch is imported, before transformers and gliner2 are), else of a spare that imported everything
+    before its run arrived (the read starts then, while the model is built). `keep_cache`: the restore leaves the
+    checkpoint's pages in the page cache, as restores did before they dropped them (for the side-by-side
+    comparison). `settings`: threads, config (a TrainingConfig dict), records, arch, model, device, batch."""
     from prefect_gliner2.runtime.spawn import worker_environment
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_environment())
-    script = _WORKER_START.format(restore=restore is not None, ckpt=restore or "", keep_cache=keep_cache, **settings)
+    script = _WORKER_START.format(
+        restore=restore is not None, ckpt=restore or "", keep_cache=keep_cache, spawned=spawned, **settings
+    )
     return run_bench_script(script, env, "worker-like start")
 
 

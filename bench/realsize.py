@@ -30,10 +30,13 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   through the session build, the verified load (resume only) and the first batch: what a restarted worker does,
   including its head start (``prefetch_state``: the state files read while the model is built). Beside each resume
   the same resume with the restore's page-cache drop disabled (how restores read before): side by side, what the
-  drop does on this machine. Twice: from a checkpoint at an optimizer-step boundary (every checkpoint of a run without
-  gradient accumulation) and from the mid-window one (pending gradients too). The in-process figure above is the
-  plain `load_state` (no head start) and reuses memory the previous sessions of this process freed; a worker never
-  can.
+  drop does on this machine. And the resume of a worker spawned for its run (a restart within a run: it has its
+  checkpoint once torch is imported and reads it while transformers and gliner2 load, ``runtime.worker_child``),
+  timed from the process's start against a fresh start's whole start, imports included (the figures above are of
+  a spare, which imported everything before its run arrived, timed after the imports). Twice: from a checkpoint
+  at an optimizer-step boundary (every checkpoint of a run without gradient accumulation) and from the mid-window
+  one (pending gradients too). The in-process figure above is the plain `load_state` (no head start) and reuses
+  memory the previous sessions of this process freed; a worker never can.
 - bg vs block: training seconds lost per checkpoint written in the background vs synchronously (bench/overlap.py's
   `checkpoint_overlap`, on a fresh session; `--overlap-rounds 0` skips it).
 - flow-process RSS during a resume: `bench/flow_side_resume.py`, a separate process, imports what a flow process
@@ -398,11 +401,12 @@ def resume_in_worker(
     checkpoint and trains the first batch, against one that builds and trains the same batch; timed from after the
     imports (the same in both) to the batch done. Interleaved `--repeats`. Keys begin with `prefix`."""
 
-    def start(restore: bool, keep_cache: bool = False) -> dict[str, float]:
+    def start(restore: bool, keep_cache: bool = False, spawned: bool = False) -> dict[str, float]:
         cached_as_at_a_start(ckpt, restore)
         return worker_start(
             restore=str(ckpt) if restore else None,
             keep_cache=keep_cache,
+            spawned=spawned,
             threads=torch.get_num_threads(),
             config=cfg.to_dict(),
             records=4 * args.steps + 8,
@@ -412,12 +416,22 @@ def resume_in_worker(
             batch=2 * args.steps + 3,
         )
 
-    fresh, resumed, kept = [], [], []
-    for repeat in range(args.repeats):  # the two resumes in turns first, so neither always follows the fresh start
+    fresh, resumed, kept, spawned = [], [], [], []
+    variants = [(resumed, {}), (kept, {"keep_cache": True}), (spawned, {"spawned": True})]
+    for repeat in range(args.repeats):  # the resumes take turns first, so none always follows the fresh start
         fresh.append(start(False))
-        for keep in (False, True) if repeat % 2 == 0 else (True, False):
-            (kept if keep else resumed).append(start(True, keep_cache=keep))
+        for out, how in variants[repeat % 3 :] + variants[: repeat % 3]:
+            out.append(start(True, **how))
     return {
+        **figures(f"{prefix}_fresh_from_start_s", [r["from_start"] for r in fresh]),
+        **figures(f"{prefix}_spawned_s", [r["from_start"] for r in spawned]),
+        **ratios(f"{prefix}_spawned_ratio", [r["from_start"] for r in spawned], [r["from_start"] for r in fresh]),
+        **ratios(
+            f"{prefix}_spawned_update_ratio",
+            [r["update_from_start"] for r in spawned],
+            [r["update_from_start"] for r in fresh],
+        ),
+        **figures(f"{prefix}_spawned_load_s", [r["load"] for r in spawned]),
         **figures(f"{prefix}_kept_resume_s", [r["total"] for r in kept]),
         **ratios(f"{prefix}_kept_resume_ratio", [r["total"] for r in kept], [r["total"] for r in fresh]),
         **figures(f"{prefix}_kept_resume_batch_s", [r["first_batch"] for r in kept]),

@@ -97,7 +97,7 @@ def print_worker_resume(rows: list[dict[str, Any]]) -> None:
     print(
         "worker: each start a fresh interpreter with the worker's environment (its memory setting), timed from after "
         "its imports to the first batch done; a resume reads the checkpoint's state files while it builds the model "
-        "(as the worker does); target resume/fresh <= 1.2"
+        "(as a spare worker does, which imported before its run arrived); target resume/fresh <= 1.2"
     )
     for prefix, case, meaning in WORKER_CASES:
         print(f"ckpt {case}: {meaning}")
@@ -109,6 +109,14 @@ def print_worker_resume(rows: list[dict[str, Any]]) -> None:
                 f"there, a resume in its load): {spread(r, f'{prefix}_resume_update_s')} s vs "
                 f"{spread(r, f'{prefix}_fresh_update_s')} s, {spread(r, f'{prefix}_update_ratio')}"
             )
+            if f"{prefix}_spawned_ratio" in r:
+                print(
+                    f"{r['arch']:9} {case:5} a worker spawned for its run (its checkpoint read from before "
+                    f"transformers and gliner2 are imported), from its start: {spread(r, f'{prefix}_spawned_s')} s vs "
+                    f"{spread(r, f'{prefix}_fresh_from_start_s')} s, {spread(r, f'{prefix}_spawned_ratio')} to the "
+                    f"first batch (the load after the build {spread(r, f'{prefix}_spawned_load_s')} s), "
+                    f"{spread(r, f'{prefix}_spawned_update_ratio')} to the first update"
+                )
             if f"{prefix}_kept_resume_ratio" in r:
                 print(
                     f"{r['arch']:9} {case:5} the same resume keeping the checkpoint in the page cache (as restores did "
