@@ -51,6 +51,7 @@ from prefect_gliner2.runtime.protocol import (
     Reply,
     Request,
     Status,
+    StatusResult,
     WorkerSpec,
     decode_error,
 )
@@ -312,6 +313,13 @@ class SessionWorker:
                     ticket.resolve(False, decode_error(error, link.process.pid))
                 else:
                     ticket.resolve(True, reply.result)
+            if reply.op_id == 0 and isinstance(reply.result, StatusResult) and reply.result.start:
+                logger.info(
+                    "session worker %s ready (pid %s); its start, seconds after its entry point: %s",
+                    self.name,
+                    link.process.pid,
+                    ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in reply.result.start),
+                )
         link.process.join(10)
         self._bury(link)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -76,7 +77,10 @@ def test_operations_run_in_order_and_are_idempotent(run: dict[str, str]) -> None
     assert worker.pid is None or pid_gone(worker.pid or 0)
 
 
-def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_path: Path) -> None:
+def test_worker_kill_restarts_from_checkpoint_bitwise(
+    run: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="prefect_gliner2.runtime.worker")
     checkpoint = str(tmp_path / "step-000002-batch-000003")
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -106,6 +110,8 @@ def test_worker_kill_restarts_from_checkpoint_bitwise(run: dict[str, str], tmp_p
         start = worker.call(Status()).start
         assert [phase for phase, _ in start] == ["run", "prefetch", "imported", "ready"]
         assert [seconds for _, seconds in start] == sorted(seconds for _, seconds in start)
+        ready = [r.getMessage() for r in caplog.records if "ready (pid" in r.getMessage()]  # both starts, logged
+        assert len(ready) == 2 and ", prefetch " in ready[1] and ", prefetch " not in ready[0], ready
         assert worker.incarnation != first_incarnation and worker.restored_from == checkpoint
         assert worker.incarnation and worker.incarnation.startswith("step-000002-batch-000003@")
         worker.call(Export(uri=str(tmp_path / "export"), which="best"))
