@@ -88,8 +88,9 @@ class StatusResult:
     device: str
     batch_count: int
     pending_checkpoint: str | None = None  # the uri of the one background checkpoint write in flight, if any
-    # the worker's start: (phase, seconds after its entry point), in order: "imported" (torch, transformers, gliner2),
-    # "run" (its run arrived), "prefetch" (the checkpoint's background read began), "ready" (built and restored)
+    # the worker's start: (phase, seconds after its entry point) as they happened: "run" (its run arrived),
+    # "prefetch" (the checkpoint's background read began; a restore only), "imported" (torch, transformers,
+    # gliner2), "ready" (built and restored); a spare imports before its run arrives, a spawned worker after
     start: tuple[tuple[str, float], ...] = ()
 
 

@@ -103,7 +103,7 @@ def _is_native_model_dir(uri: str) -> bool:
 
 def _prefetch(uri: str) -> None:
     """Read the checkpoint's optimizer moments, gradients, RNG and best weights in the background while the model
-    loads (``session_core.session_checkpoint.prefetch_state``). Only a head start: when it cannot start (e.g. a
+    loads (``session_core.prefetch.prefetch_state``). Only a head start: when it cannot start (e.g. a
     damaged index), the restore reads the checkpoint itself and reports what is wrong as it always does."""
     from prefect_gliner2.session_core.prefetch import prefetch_state
 
