@@ -291,11 +291,18 @@ def _restored_or_fallen_back(worker: SessionWorker, run_dir: RunDirectory, epoch
     while True:
         worker.start()
         try:
-            worker.call(Status())
-            return
+            status = worker.call(Status())
         except CheckpointDamagedError as exc:
             damaged = run_dir.fall_back_from(worker.restored_from or "", exc, epoch_of)
             _log_damaged(run_dir, damaged, log)
+            continue
+        log.info(
+            "session worker (pid %s) restored %s; its start, seconds after its entry point: %s",
+            status.pid,
+            status.restored_from,
+            ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in status.start),
+        )
+        return
 
 
 def _log_damaged(run_dir: RunDirectory, damaged: str, log: Logger) -> None:
