@@ -93,6 +93,10 @@ class StatusResult:
     # gliner2), "ready" (built and restored); a spare imports before its run arrives, a spawned worker after
     start: tuple[tuple[str, float], ...] = ()
 
+    def start_text(self) -> str:
+        """`start` as the logs print it: "run 0.88, prefetch 0.88, imported 3.53, ready 3.68"."""
+        return ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in self.start)
+
 
 @dataclass(frozen=True)
 class AdvanceResult:

@@ -300,7 +300,7 @@ def _restored_or_fallen_back(worker: SessionWorker, run_dir: RunDirectory, epoch
             "session worker (pid %s) restored %s; its start, seconds after its entry point: %s",
             status.pid,
             status.restored_from,
-            ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in status.start),
+            status.start_text(),
         )
         return
 

@@ -318,7 +318,7 @@ class SessionWorker:
                     "session worker %s ready (pid %s); its start, seconds after its entry point: %s",
                     self.name,
                     link.process.pid,
-                    ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in reply.result.start),
+                    reply.result.start_text(),
                 )
         link.process.join(10)
         self._bury(link)
