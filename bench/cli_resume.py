@@ -12,10 +12,9 @@ checkpoint, the later ones and the export never happened) and kept aside. Then, 
 
 - fresh: the command on a new run key (nothing to restore);
 - resume: the command on a copy of the rewound run directory (copied, then synced: its checkpoint is in the page
-  cache, as one written shortly before a crash is), the spare worker told the cursor's checkpoint before Prefect
-  starts (``runtime.run.hint_restore``, the default);
-- resume, not told: the same with ``hint_restore`` switched off in the command's process (the order before it: the
-  spare imports, idles until its run arrives, and only then starts reading the checkpoint).
+  cache, as one written shortly before a crash is);
+- resume-cold: the same with the copy's pages dropped from the page cache (as after a reboot, or a checkpoint
+  written long before; the model's files stay cached in every variant).
 
 Times are from the command's launch to the end of its first training task (its "Finished" log line; a resume's is
 the batch after the checkpoint); each run is then killed with its process group, and the next starts once every
@@ -45,22 +44,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from realsize_flow import rewind_to_first_checkpoint  # noqa: E402
 
-#: The CLI's main(), with the checkpoint hint switched off when argv[1] says "off" (before anything imports it).
-_CLI = (
-    "import sys\n"
-    "if sys.argv[1] == 'off':\n"
-    "    import prefect_gliner2.runtime.run as run\n"
-    "    run.hint_restore = lambda *args, **kwargs: False\n"
-    "from prefect_gliner2.flows.cli import main\n"
-    "sys.exit(main(sys.argv[2:]))\n"
-)
+CLI = str(Path(sys.executable).with_name("prefect-gliner2"))
 FIRST_TASK = re.compile(r"Task run 'batches \d+-\d+[^']*' - Finished")
 RESTORED = re.compile(r"session worker \(pid \d+\) restored \S+; its start, [^:]*: (.*)")
 CONFIG = {"num_epochs": 1, "batch_size": 2, "eval_strategy": "no", "fp16": False, "bf16": False, "seed": 11}
-VARIANTS = ("fresh", "resume", "resume-not-told")
+VARIANTS = ("fresh", "resume", "resume-cold")
 
 
-def one_run(tmp: Path, tag: str, argv: list[str], hint: str) -> dict[str, Any]:
+def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
     """The CLI with `argv` until its first training task finished (then killed): seconds from its launch."""
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     env.update(
@@ -72,7 +63,7 @@ def one_run(tmp: Path, tag: str, argv: list[str], hint: str) -> dict[str, Any]:
         TRANSFORMERS_OFFLINE="1",
         BENCH_CLI_RESUME_RUN=tag,  # every process of the run inherits it: how its end is found
     )
-    command = [sys.executable, "-c", _CLI, hint, *argv]
+    command = [CLI, *argv]
     started = time.perf_counter()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
@@ -95,6 +86,14 @@ def one_run(tmp: Path, tag: str, argv: list[str], hint: str) -> dict[str, Any]:
     if first is None:
         raise SystemExit(f"run {tag} ended before its first batch ({process.returncode}):\n{''.join(lines[-40:])}")
     return {"first": first, "restored": restored}
+
+
+def _drop_cached(folder: Path) -> None:
+    """Drop every file under `folder` from the page cache (they are synced, so every page is clean)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _wait_gone(tag: str, timeout: float = 60.0) -> None:
@@ -139,7 +138,7 @@ def main() -> None:
                     "--run-key", key, "--storage", str(storage), "--checkpoint-every", "1"]  # fmt: skip
 
         reference = subprocess.run(
-            [sys.executable, "-c", _CLI, "on", *argv("resumed", tmp / "reference")],
+            [CLI, *argv("resumed", tmp / "reference")],
             env={
                 **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
                 "PREFECT_HOME": str(tmp / "home"),
@@ -163,18 +162,20 @@ def main() -> None:
                 else:
                     shutil.copytree(tmp / "reference" / "resumed", storage / "resumed")
                     os.sync()
+                    if variant == "resume-cold":
+                        _drop_cached(storage / "resumed")
                     run_argv = argv("resumed", storage)
-                hint = "off" if variant == "resume-not-told" else "on"
-                times[variant].append(one_run(tmp, f"{variant}-{repeat}", run_argv, hint))
+                times[variant].append(one_run(tmp, f"{variant}-{repeat}", run_argv))
                 shutil.rmtree(storage, ignore_errors=True)
                 measured = times[variant][-1]
                 print(
-                    f"  {variant:15} turn {repeat + 1}: first batch {measured['first']:.2f} s"
+                    f"  {variant:11} turn {repeat + 1}: first batch {measured['first']:.2f} s"
                     + (f"; the restoring worker's start: {measured['restored']}" if measured["restored"] else ""),
                     flush=True,
                 )
     print(
-        f"prefect-gliner2 train at the {'gliner2-base' if args.size == 'base' else 'tiny'} shape ({args.arch}), resumed from batch {position} "
+        f"prefect-gliner2 train at the {'gliner2-base' if args.size == 'base' else 'tiny'} shape ({args.arch}), "
+        f"resumed from batch {position} "
         f"(a {size / 1e9:.2f} GB checkpoint) vs a fresh start, {args.repeats} turns, load average "
         f"{os.getloadavg()[0]:.2f}; seconds from the launch to the first batch, median (min-max)"
     )
@@ -182,7 +183,7 @@ def main() -> None:
     result: dict[str, Any] = {"arch": args.arch, "checkpoint_bytes": size, "times": times}
     for variant in VARIANTS:
         values = [run["first"] for run in times[variant]]
-        line = f"  {variant:15} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+        line = f"  {variant:11} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
         if variant != "fresh":
             ratios = [value / base for value, base in zip(values, fresh, strict=True)]
             result[f"{variant}_ratio"] = ratios
