@@ -349,3 +349,46 @@ def test_a_spare_worker_is_adopted_by_the_next_start_and_trains_the_same_bits(
     monkeypatch.setenv(spare.ENV_SPARE_WORKER, "sometimes")
     with pytest.raises(ConfigError, match="PREFECT_GLINER2_SPARE_WORKER='sometimes' is not one of on, off"):
         spare.prestart_worker()
+
+
+def test_a_spare_told_its_checkpoint_reads_it_before_its_run_and_trains_the_same_bits(
+    run: dict[str, str], tmp_path: Path
+) -> None:
+    """hint_spare: the spare starts reading the checkpoint it is told before its run arrives (its start lists that
+    read before the run, and no second one); its run restores that checkpoint from those reads and ends bitwise
+    equal to the uninterrupted run. A hint of another checkpoint than the run restores is dropped when the run
+    arrives (a second read, of the right checkpoint, follows it) and changes no bit either."""
+    from prefect_gliner2.runtime import spare
+
+    plan = ManagedTrainingPlan(run["train"], TrainingConfig.from_dict(training_config()), architecture="span")
+    last = plan.batch_count - 1
+    early, later = str(tmp_path / "step-000002-batch-000003"), str(tmp_path / "step-000004-batch-000007")
+    first = _worker(run)
+    try:
+        assert first.call(Checkpoint(index=3, uri=early)).committed
+        assert first.call(Checkpoint(index=7, uri=later)).committed
+        first.call(Advance(first=8, through=last))
+        first.call(Export(uri=str(tmp_path / "uninterrupted"), which="final"))
+    finally:
+        first.close()
+
+    def phases(hint: str, restore: str, export: str) -> list[str]:
+        assert spare.prestart_worker()
+        assert spare.hint_spare(hint, THREADS) and not spare.hint_spare(hint, THREADS)  # told once
+        worker = _worker(run, locator=lambda: restore)
+        try:
+            resumed = worker.call(Advance(first=4, through=last))
+            assert worker.restored_from == restore and resumed.cursor == plan.batch_count
+            worker.call(Export(uri=str(tmp_path / export), which="final"))
+            start = worker.call(Status()).start
+        finally:
+            worker.close()
+        assert_same_export(str(tmp_path / export), str(tmp_path / "uninterrupted"))
+        assert [seconds for _, seconds in start] == sorted(seconds for _, seconds in start)
+        return [phase for phase, _ in start]
+
+    told = phases(early, early, "told")
+    assert told.count("prefetch") == 1 and told.index("prefetch") < told.index("run") and told[-1] == "ready", told
+    other = phases(later, early, "told-another")
+    assert other.count("prefetch") == 2 and other.index("run") < len(other) - 1 - other[::-1].index("prefetch"), other
+    assert spare.spare_pid() is None and not spare.hint_spare(early, THREADS)  # no spare waits: nobody to tell
