@@ -1,7 +1,7 @@
 """`prefect-gliner2 train` run again after a crash, at the gliner2-base shape: time to the first batch, beside a
 fresh start of the same command.
 
-    python bench/cli_resume.py [--arch span] [--repeats 3] [--json OUT]
+    python bench/cli_resume.py [--arch span,boundary] [--repeats 3] [--json OUT]
 
 What a user waits for after a crash: the same command again, from its launch to its first batch trained. Each run
 is the whole command (its own local Prefect server, no PREFECT_API_URL) in one PREFECT_HOME whose database the
@@ -14,7 +14,10 @@ checkpoint, the later ones and the export never happened) and kept aside. Then, 
 - resume: the command on a copy of the rewound run directory (copied, then synced: its checkpoint is in the page
   cache, as one written shortly before a crash is);
 - resume-cold: the same with the copy's pages dropped from the page cache (as after a reboot, or a checkpoint
-  written long before; the model's files stay cached in every variant).
+  written long before; the model's files stay cached in every variant);
+- and each of the two "not told": the same with the spare worker not told the cursor's checkpoint before Prefect
+  starts (``runtime.run.hint_restore`` switched off in the command's process: the order before it, where the spare
+  idles until its run arrives and only then starts reading the checkpoint).
 
 Times are from the command's launch to the end of its first training task (its "Finished" log line; a resume's is
 the batch after the checkpoint); each run is then killed with its process group, and the next starts once every
@@ -44,14 +47,26 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from realsize_flow import rewind_to_first_checkpoint  # noqa: E402
 
-CLI = str(Path(sys.executable).with_name("prefect-gliner2"))
+#: The CLI's main() (as the prefect-gliner2 script runs it), with the spare's checkpoint hint switched off when
+#: argv[1] says "off"; runtime.run is imported first either way, so that both start alike.
+CLI = [
+    sys.executable,
+    "-c",
+    "import sys\n"
+    "import prefect_gliner2.runtime.run as run\n"
+    "if sys.argv[1] == 'off':\n"
+    "    run.hint_restore = lambda *args, **kwargs: False\n"
+    "from prefect_gliner2.flows.cli import console_main\n"
+    "sys.argv = ['prefect-gliner2', *sys.argv[2:]]\n"
+    "console_main()\n",
+]
 FIRST_TASK = re.compile(r"Task run 'batches \d+-\d+[^']*' - Finished")
 RESTORED = re.compile(r"session worker \(pid \d+\) restored \S+; its start, [^:]*: (.*)")
 CONFIG = {"num_epochs": 1, "batch_size": 2, "eval_strategy": "no", "fp16": False, "bf16": False, "seed": 11}
-VARIANTS = ("fresh", "resume", "resume-cold")
+VARIANTS = ("fresh", "resume", "resume-cold", "resume-not-told", "resume-cold-not-told")
 
 
-def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
+def one_run(tmp: Path, tag: str, argv: list[str], hint: str = "on") -> dict[str, Any]:
     """The CLI with `argv` until its first training task finished (then killed): seconds from its launch."""
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     env.update(
@@ -63,7 +78,7 @@ def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
         TRANSFORMERS_OFFLINE="1",
         BENCH_CLI_RESUME_RUN=tag,  # every process of the run inherits it: how its end is found
     )
-    command = [CLI, *argv]
+    command = [*CLI, hint, *argv]
     started = time.perf_counter()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
@@ -117,18 +132,41 @@ def _wait_gone(tag: str, timeout: float = 60.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="span")
+    parser.add_argument("--arch", default="span", help="span, boundary or both (span,boundary)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--size", choices=("base", "tiny"), default="base", help="tiny: a smoke test of the script")
-    parser.add_argument("--json", help="also write the measurements as JSON to this file")
+    parser.add_argument("--json", help="also write the measurements (a list, one per arch) as JSON to this file")
     args = parser.parse_args()
+    results = [measure(arch, args) for arch in args.arch.split(",")]
+    print(f"load average {os.getloadavg()[0]:.2f}; seconds from the launch to the first batch, median (min-max)")
+    for result in results:
+        print(
+            f"prefect-gliner2 train at the {'gliner2-base' if args.size == 'base' else 'tiny'} shape "
+            f"({result['arch']}), resumed from batch {result['position']} (a {result['checkpoint_bytes'] / 1e9:.2f} "
+            f"GB checkpoint) vs a fresh start, {args.repeats} turns"
+        )
+        fresh = [run["first"] for run in result["times"]["fresh"]]
+        for variant in VARIANTS:
+            values = [run["first"] for run in result["times"][variant]]
+            line = f"  {variant:20} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+            if variant != "fresh":
+                ratios = [value / base for value, base in zip(values, fresh, strict=True)]
+                result[f"{variant}_ratio"] = ratios
+                line += f"  vs fresh {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}); "
+                line += "target <= 1.2"
+            print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
 
+
+def measure(arch: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One architecture: the reference run, its rewound copy, then `args.repeats` turns of the variants."""
     from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records
 
     with tempfile.TemporaryDirectory(prefix="cli-resume-", dir=os.environ.get("BENCH_TMP")) as name:
         tmp = Path(name)
         shape = dict(GLINER2_BASE_SIZE) if args.size == "base" else {}
-        model = save_tiny_model(tmp / "model", args.arch, seed=0, dropout=0.1, **shape)
+        model = save_tiny_model(tmp / "model", arch, seed=0, dropout=0.1, **shape)
         data = tmp / "train.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in tiny_records(8, seed=5)), encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(CONFIG), encoding="utf-8")
@@ -138,7 +176,7 @@ def main() -> None:
                     "--run-key", key, "--storage", str(storage), "--checkpoint-every", "1"]  # fmt: skip
 
         reference = subprocess.run(
-            [CLI, *argv("resumed", tmp / "reference")],
+            [*CLI, "on", *argv("resumed", tmp / "reference")],
             env={
                 **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
                 "PREFECT_HOME": str(tmp / "home"),
@@ -154,7 +192,7 @@ def main() -> None:
         position, size = rewind_to_first_checkpoint(tmp / "reference" / "resumed")
         times: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
         for repeat in range(args.repeats):
-            turn = VARIANTS[repeat % 3 :] + VARIANTS[: repeat % 3]
+            turn = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
             for variant in turn:
                 storage = tmp / f"runs-{variant}-{repeat}"
                 if variant == "fresh":
@@ -162,35 +200,19 @@ def main() -> None:
                 else:
                     shutil.copytree(tmp / "reference" / "resumed", storage / "resumed")
                     os.sync()
-                    if variant == "resume-cold":
+                    if "cold" in variant:
                         _drop_cached(storage / "resumed")
                     run_argv = argv("resumed", storage)
-                times[variant].append(one_run(tmp, f"{variant}-{repeat}", run_argv))
+                hint = "off" if variant.endswith("not-told") else "on"
+                times[variant].append(one_run(tmp, f"{arch}-{variant}-{repeat}", run_argv, hint))
                 shutil.rmtree(storage, ignore_errors=True)
                 measured = times[variant][-1]
                 print(
-                    f"  {variant:11} turn {repeat + 1}: first batch {measured['first']:.2f} s"
+                    f"  {arch:8} {variant:20} turn {repeat + 1}: first batch {measured['first']:.2f} s"
                     + (f"; the restoring worker's start: {measured['restored']}" if measured["restored"] else ""),
                     flush=True,
                 )
-    print(
-        f"prefect-gliner2 train at the {'gliner2-base' if args.size == 'base' else 'tiny'} shape ({args.arch}), "
-        f"resumed from batch {position} "
-        f"(a {size / 1e9:.2f} GB checkpoint) vs a fresh start, {args.repeats} turns, load average "
-        f"{os.getloadavg()[0]:.2f}; seconds from the launch to the first batch, median (min-max)"
-    )
-    fresh = [run["first"] for run in times["fresh"]]
-    result: dict[str, Any] = {"arch": args.arch, "checkpoint_bytes": size, "times": times}
-    for variant in VARIANTS:
-        values = [run["first"] for run in times[variant]]
-        line = f"  {variant:11} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
-        if variant != "fresh":
-            ratios = [value / base for value, base in zip(values, fresh, strict=True)]
-            result[f"{variant}_ratio"] = ratios
-            line += f"  vs fresh {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}); target <= 1.2"
-        print(line)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    return {"arch": arch, "position": position, "checkpoint_bytes": size, "times": times}
 
 
 if __name__ == "__main__":

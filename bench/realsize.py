@@ -1,7 +1,7 @@
 """Real model size (the gliner2-base shape, built offline): step overhead, checkpoint I/O and resume, side by side.
 
     python bench/realsize.py [--arch span,boundary] [--steps 4] [--device cpu|cuda] [--bf16] [--json OUT] [--smoke]
-                             [--resume-only]
+                             [--resume-only | --load-only]
 
 For each architecture a randomly initialised model of the gliner2-base shape (DeBERTa-v3-base encoder: hidden 768,
 12 layers, the full 128,100-token vocabulary; `GLINER2_BASE_SIZE`) is built in code, and in one process:
@@ -25,6 +25,9 @@ For each architecture a randomly initialised model of the gliner2-base shape (De
   raw read of the checkpoint once it is out of the page cache (from the disk: what a second restore from the same
   checkpoint reads, since a restore drops what it read).
   `--resume-only` skips the step and load timings (a checkpoint is still written, as the resume needs one).
+- load from the disk: the same load and raw read with the checkpoint dropped from the page cache before each
+  (``posix_fadvise(DONTNEED)``): what loading a checkpoint written long before, or after a reboot, costs beside
+  reading its bytes from the disk. `--load-only` measures the loads (both kinds) and nothing else.
 - resume in a worker-like process: the same comparison in fresh interpreters started with the session worker's
   environment (``worker_environment``: its memory setting), each timed from after its imports (the same in both)
   through the session build, the verified load (resume only) and the first batch: what a restarted worker does,
@@ -75,7 +78,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 from fresh_process import first_touch, worker_start  # noqa: E402  (bench/fresh_process.py, beside this script)
 from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
-from realsize_tables import print_all, print_resume  # noqa: E402  (bench/realsize_tables.py, beside this script)
+from realsize_tables import print_all, print_load, print_resume  # noqa: E402  (bench/realsize_tables.py, beside this script)
 
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import digest as checkpoint_digest  # noqa: E402
@@ -210,14 +213,20 @@ def cached_as_at_a_start(ckpt: Path, restore: bool) -> None:
     run beside gigabytes of this benchmark's checkpoints in the cache, which on a VM whose host backs only so much
     guest memory cheaply (see ``fresh_process.first_touch``) makes its own allocations dearer."""
     for folder in ckpt.parent.glob("ckpt-*"):
-        for path in folder.iterdir():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        uncache(folder)
     if restore:
         cache(ckpt)
+
+
+def uncache(folder: Path) -> None:
+    """Drop every file in `folder` from the page cache (written and fsynced: every page is clean), so that the next
+    read of it comes from the disk."""
+    for path in folder.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def raw_read(folder: Path) -> float:
@@ -272,7 +281,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     parameters = sum(p.numel() for p in session.model.parameters())
     row: dict[str, Any] = {"arch": arch, "parameters": parameters, "build_s": time.perf_counter() - built}
     row["load_average"] = round(os.getloadavg()[0], 2)
-    if args.resume_only:  # one update, so that the checkpoint holds the AdamW moments as a real one does
+    if args.resume_only or args.load_only:  # one update: the checkpoint holds the AdamW moments as a real one does
         session.forward_backward(plan.batch(0))
         session.optim_step()
     else:
@@ -283,7 +292,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     session.forward_backward(plan.batch(2 * args.steps + 2))  # mid-window: pending gradients are in the checkpoint
     ckpt = Path(tmp) / f"ckpt-{arch}"
-    saves, final_saves, raw_writes, raw_reads = [], [], [], []
+    saves, final_saves, raw_writes = [], [], []
     for repeat in range(args.repeats):  # the same state saved again: save, final save and raw write interleaved
         target = ckpt if repeat == 0 else Path(tmp) / f"ckpt-{arch}-{repeat}"
         save_s, before, peak, after = timed(lambda target=target: session.save_state(str(target)))
@@ -292,7 +301,7 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         row.update(checkpoint_bytes=size, save_extra_rss=(peak - max(before, after)) / size)
         if repeat:
             shutil.rmtree(target)
-        if not args.resume_only:
+        if not (args.resume_only or args.load_only):
             final = Path(tmp) / f"ckpt-{arch}-final-{repeat}"
             final_saves.append(timed(lambda final=final: final_save(session, final))[0])
             shutil.rmtree(final)
@@ -305,24 +314,11 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     gc.collect()
 
     if not args.resume_only:
-        loads, raw_reads, fresh_reads = [], [], []
-        for _ in range(args.repeats):  # interleaved with raw reads of the checkpoint's own files
-            cache(ckpt)
-            raw_reads.append(raw_read(ckpt))
-            fresh_reads.append(raw_read_fresh(ckpt))
-            fresh = new_session(model_dir, cfg, plan, args.device)
-            gc.collect()
-            cache(ckpt)
-            load_s, before, peak, after = timed(lambda fresh=fresh: fresh.load_state(str(ckpt)))
-            loads.append(load_s)
-            row.update(load_extra_rss=(peak - max(before, after)) / size)
-            fresh.close()
-            del fresh
-            gc.collect()
-        row.update(figures("load_s", loads) | figures("raw_read_s", raw_reads))
-        row.update(figures("raw_read_fresh_s", fresh_reads) | ratios("load_ratio", loads, raw_reads))
-        row.update(ratios("load_fresh_ratio", loads, fresh_reads))
+        row.update(loads_vs_raw_reads(model_dir, cfg, plan, args, ckpt, size))
         progress(row)
+        if args.load_only:
+            shutil.rmtree(model_dir)
+            return row
         if args.overlap_rounds:
             overlap = checkpoint_overlap(
                 model_dir, arch, tmp, steps=args.steps, rounds=args.overlap_rounds, device=args.device, bf16=args.bf16
@@ -342,6 +338,49 @@ def measure(arch: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     progress(row)
     shutil.rmtree(model_dir)
     return row
+
+
+def loads_vs_raw_reads(
+    model_dir: Path, cfg: TrainingConfig, plan: ManagedTrainingPlan, args: argparse.Namespace, ckpt: Path, size: int
+) -> dict[str, Any]:
+    """`load_state` into a fresh session against raw reads of the checkpoint's own files, interleaved `--repeats`
+    times: from the page cache (a raw read into one reused buffer, and one into fresh memory) and from the disk (the
+    checkpoint dropped from the page cache before the raw read and before the load: what loading a checkpoint
+    written long before, or after a reboot, reads)."""
+    loads, raw_reads, fresh_reads, cold_loads, cold_reads = [], [], [], [], []
+    out: dict[str, Any] = {}
+
+    def load(cold: bool) -> float:
+        session = new_session(model_dir, cfg, plan, args.device)
+        gc.collect()
+        if cold:
+            uncache(ckpt)
+        else:
+            cache(ckpt)
+        load_s, before, peak, after = timed(lambda: session.load_state(str(ckpt)))
+        if not cold:
+            out.update(load_extra_rss=(peak - max(before, after)) / size)
+        session.close()
+        return load_s
+
+    for repeat in range(args.repeats):
+        for cold in (False, True) if repeat % 2 == 0 else (True, False):
+            if cold:
+                uncache(ckpt)
+                cold_reads.append(raw_read(ckpt))
+                cold_loads.append(load(cold))
+            else:
+                cache(ckpt)
+                raw_reads.append(raw_read(ckpt))
+                fresh_reads.append(raw_read_fresh(ckpt))
+                loads.append(load(cold))
+            gc.collect()
+    out.update(figures("load_s", loads) | figures("raw_read_s", raw_reads))
+    out.update(figures("raw_read_fresh_s", fresh_reads) | ratios("load_ratio", loads, raw_reads))
+    out.update(ratios("load_fresh_ratio", loads, fresh_reads))
+    out.update(figures("load_cold_s", cold_loads) | figures("raw_read_cold_s", cold_reads))
+    out.update(ratios("load_cold_ratio", cold_loads, cold_reads))
+    return out
 
 
 def progress(row: dict[str, Any]) -> None:
@@ -517,6 +556,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows as JSON to this file")
     parser.add_argument("--smoke", action="store_true", help="a small DeBERTa-v3 instead of the real size")
     parser.add_argument("--resume-only", action="store_true", help="only checkpoint bytes and the resume figures")
+    parser.add_argument("--load-only", action="store_true", help="only checkpoint bytes and the load figures")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of save, load and resume")
     parser.add_argument(
         "--overlap-rounds", type=int, default=1, help="rounds of the background vs blocking checkpoint measurement"
@@ -542,7 +582,9 @@ def main() -> None:
         "first touch of fresh memory in a fresh interpreter: "
         + ", ".join(f"{size} GB {micro:.2f} us per 4 KiB page" for size, micro in touch.items())
     )
-    if args.resume_only:
+    if args.load_only:
+        print_load(rows)
+    elif args.resume_only:
         print_resume(rows)
     else:
         print_all(rows)

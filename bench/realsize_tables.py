@@ -37,11 +37,7 @@ def print_all(rows: list[dict[str, Any]]) -> None:
                 f"{r['arch']:9} a finished run's checkpoint (written around the page cache) vs the raw write+fsync: "
                 f"{spread(r, 'final_save_ratio')} ({spread(r, 'final_save_s')} s)"
             )
-    for r in rows:
-        print(
-            f"{r['arch']:9} load vs a raw read into fresh memory (first touch of every page): "
-            f"{spread(r, 'load_fresh_ratio')} ({spread(r, 'raw_read_fresh_s')} s)"
-        )
+    print_load_detail(rows)
     print(
         f"\n{'arch':9} {'save s':>17} {'raw w s':>17} {'load s':>17} {'raw r s':>17} {'index s':>7} {'verify s':>8} "
         f"{'fresh s':>17} {'resume s':>17}"
@@ -67,6 +63,30 @@ def print_all(rows: list[dict[str, Any]]) -> None:
     print_disk_read(rows)
     print_worker_resume(rows)
     print_flow_side(rows)
+
+
+def print_load_detail(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        print(
+            f"{r['arch']:9} load vs a raw read into fresh memory (first touch of every page): "
+            f"{spread(r, 'load_fresh_ratio')} ({spread(r, 'raw_read_fresh_s')} s)"
+        )
+        if "load_cold_ratio" in r:
+            print(
+                f"{r['arch']:9} from the disk (the checkpoint out of the page cache before each): load "
+                f"{spread(r, 'load_cold_s')} s vs raw read {spread(r, 'raw_read_cold_s')} s, "
+                f"{spread(r, 'load_cold_ratio')}; target <= 2"
+            )
+
+
+def print_load(rows: list[dict[str, Any]]) -> None:
+    """`--load-only`: the checkpoint's size and its loads against raw reads, from the page cache and the disk."""
+    for r in rows:
+        print(
+            f"{r['arch']:9} {r['checkpoint_bytes'] / 1e9:.2f} GB: load {spread(r, 'load_s')} s vs raw read "
+            f"{spread(r, 'raw_read_s')} s from the page cache, {spread(r, 'load_ratio')}; target <= 2"
+        )
+    print_load_detail(rows)
 
 
 def _overlap_cell(row: dict[str, Any]) -> str:

@@ -384,6 +384,18 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
                 f"{_spread(r, 'load_fresh_ratio')} ({_spread(r, 'raw_read_fresh_s')} s); extra peak RAM "
                 f"{r['load_extra_rss']:.2f}x; target <= 2",
             ),
+        ]
+        if "load_cold_ratio" in r:
+            out.append(
+                (
+                    f"checkpoint load vs raw read of the same bytes, both from the disk ({name})",
+                    _spread(r, "load_cold_ratio"),
+                    f"{_spread(r, 'load_cold_s')} s vs {_spread(r, 'raw_read_cold_s')} s, the checkpoint dropped "
+                    "from the page cache before each (a checkpoint written long before, or after a reboot); "
+                    "target <= 2",
+                )
+            )
+        out += [
             (
                 f"resume (flow-side index check + verified load + first batch) vs fresh start (first batch) ({name})",
                 _spread(r, "resume_ratio"),
@@ -446,6 +458,25 @@ def realsize_rows(rows: list[dict[str, Any]]) -> list[Row]:
     return out
 
 
+def cli_resume_rows(results: list[dict[str, Any]]) -> list[Row]:
+    """bench/cli_resume.py: the whole command run again after a crash against a fresh start, from the launch."""
+    out: list[Row] = []
+    for r in results:
+        fresh = [run["first"] for run in r["times"]["fresh"]]
+        for variant, how in (("resume", "its checkpoint cached"), ("resume-cold", "its checkpoint out of the cache")):
+            seconds = [run["first"] for run in r["times"][variant]]
+            out.append(
+                (
+                    f"`prefect-gliner2 train` run again after a crash vs a fresh start, launch to first batch, {how} "
+                    f"(gliner2-base shape {r['arch']}, {r['checkpoint_bytes'] / 1e9:.2f} GB checkpoint)",
+                    _median_range(r[f"{variant}_ratio"], ".2f"),
+                    f"{_median_range(seconds, '.2f')} s vs {_median_range(fresh, '.2f')} s, {len(seconds)} turns; "
+                    "target <= 1.2",
+                )
+            )
+    return out
+
+
 def markdown(command: str, description: str, rows: list[Row], raw: dict[str, str], seconds: float) -> str:
     lines = [
         "# Benchmark report",
@@ -476,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated benchmarks to skip: plan,session,flow,sliced,memory,checkpoint,chaos,realsize",
+        help="comma-separated benchmarks to skip: plan,session,flow,sliced,memory,checkpoint,chaos,realsize,cliresume",
     )
     parser.add_argument("--flow-repeat", type=int, default=3, help="pairs of runs of bench/flow.py")
     parser.add_argument("--flow-minutes", type=float, default=1.0, help="bench/flow.py's native run, in minutes")
@@ -535,6 +566,11 @@ def main(argv: list[str] | None = None) -> int:
             raw[f"bench/realsize.py {' '.join(on)}"] = out
             if code == 0:
                 rows += realsize_rows(json.loads(Path(f"{tmp}/realsize.json").read_text()))
+        if "cliresume" not in skip:
+            out, _, code = run("cli_resume.py", "--arch", "span,boundary", "--json", f"{tmp}/cli.json", timeout=2400)
+            raw["bench/cli_resume.py --arch span,boundary"] = out
+            if code == 0:
+                rows += cli_resume_rows(json.loads(Path(f"{tmp}/cli.json").read_text()))
     command = " ".join([Path(sys.executable).name, "bench/run_all.py", *(argv if argv is not None else sys.argv[1:])])
     report = markdown(command, machine(args.device), rows, raw, time.perf_counter() - started)
     print(report)
