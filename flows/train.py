@@ -40,7 +40,7 @@ from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.prepare import prepare_run
 from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult
-from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, hint_restore, open_run
+from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
 from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.runtime.spare import discard_spare, spare_worker
 from prefect_gliner2.tasks.export import export_model
@@ -122,7 +122,6 @@ def train_flow(
         prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
-        hint_restore(prepared, options.cpu_threads)  # the spare reads a resume's checkpoint while the lease is taken
         with open_run(prepared, options, run_hooks()) as run:
             discard_spare()  # adopted by the run's worker by now, unless none started (a finished run, a reused one)
             if run.done is not None:

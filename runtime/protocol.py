@@ -1,8 +1,6 @@
 """The session worker protocol: every message that crosses the pipe, as frozen dataclasses (torch-free).
 
     flow process                                   worker process
-    Prefetch(uri, cpu_threads)              ->     (no reply; a spare only, before its Init: it starts reading that
-                                                   checkpoint, which the Init's restore takes when it is the same)
     Init(spec, restore)                     ->     Reply(0, StatusResult | RemoteError)
     Call(op_id, Advance(first, through))    ->     Reply(op_id, AdvanceResult | RemoteError)
     Call(op_id, Validate(index))            ->     Reply(op_id, ValidateResult | RemoteError)
@@ -43,7 +41,6 @@ __all__ = [
     "Export",
     "ExportResult",
     "Init",
-    "Prefetch",
     "RemoteError",
     "Reply",
     "Request",
@@ -92,8 +89,7 @@ class StatusResult:
     batch_count: int
     pending_checkpoint: str | None = None  # the uri of the one background checkpoint write in flight, if any
     # the worker's start: (phase, seconds after its entry point) as they happened: "run" (its run arrived),
-    # "prefetch" (a checkpoint's background read began: a restore's, or a spare's on a `Prefetch` hint, before its
-    # run; twice when the run restores another checkpoint than the hint's), "imported" (torch, transformers,
+    # "prefetch" (the checkpoint's background read began; a restore only), "imported" (torch, transformers,
     # gliner2), "ready" (built and restored); a spare imports before its run arrives, a spawned worker after
     start: tuple[tuple[str, float], ...] = ()
 
@@ -297,17 +293,6 @@ class Init:
 
     spec: WorkerSpec
     restore: str | None
-
-
-@dataclass(frozen=True)
-class Prefetch:
-    """A hint to a spare worker, before its `Init`: its run will most likely restore the checkpoint `uri`, so it
-    starts reading that checkpoint's state files in the background now, its torch and hashing threads pinned to
-    `cpu_threads` (the run's). An `Init` restoring `uri` takes those reads; any other `Init` drops them first.
-    A hint changes what is read when, never what is restored: the restore verifies every byte as it always does."""
-
-    uri: str
-    cpu_threads: int
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from prefect_gliner2.runtime.prepare import PreparedRun
 from prefect_gliner2.runtime.protocol import Export, ExportResult, Status
 from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
 from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory
-from prefect_gliner2.runtime.spare import hint_spare
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.errors import CheckpointDamagedError, ConfigError
@@ -43,7 +42,6 @@ __all__ = [
     "RunHooks",
     "RunOptions",
     "finish",
-    "hint_restore",
     "open_run",
     "recover_run_directory",
 ]
@@ -243,7 +241,8 @@ def recover_run_directory(
 def _live_run(run: OpenRun, existing: LiveRun | None, *, prewarm: bool) -> LiveRun:
     """Record the run settings, then reuse this flow run's live worker when it matches, else start a new one."""
     prepared, run_dir, options = run.prepared, run.run_dir, run.options
-    threads = _worker_threads(run_dir, options.cpu_threads)
+    recorded = run_dir.read_run_info() or {}
+    threads = options.cpu_threads or recorded.get("cpu_threads") or default_cpu_threads()
     settings = {"model": prepared.model, "device": options.device or "auto", "cpu_threads": threads}
     run_dir.ensure_run_info({**settings, "init_weights": options.init_weights})
     spec = WorkerSpec(
@@ -283,29 +282,6 @@ def _live_run(run: OpenRun, existing: LiveRun | None, *, prewarm: bool) -> LiveR
     )
     live_runs.register(live)
     return live
-
-
-def _worker_threads(run_dir: RunDirectory, cpu_threads: int | None) -> int:
-    """The run's worker thread count: the one asked for, else the one recorded with the run, else the slot's share."""
-    recorded = run_dir.read_run_info() or {}
-    return int(cpu_threads or recorded.get("cpu_threads") or default_cpu_threads())
-
-
-def hint_restore(prepared: PreparedRun, cpu_threads: int | None = None) -> bool:
-    """Before the lease: tell the waiting spare worker (``runtime.spare.hint_spare``) the checkpoint the run's
-    durable cursor names now, so that it starts reading it while the caller starts Prefect and takes the lease
-    (`cpu_threads` as `RunOptions.cpu_threads`). Nothing for a new run, or one whose cursor records its export (it
-    likely restores nothing). Returns True when a spare was told; never raises: what the run restores is decided
-    under the lease (``open_run``), and a hint it does not restore is dropped."""
-    try:
-        run_dir = prepared.run_dir
-        cursor = run_dir.read_cursor()
-        if cursor is None or (cursor.finished and cursor.export is not None):
-            return False
-        return hint_spare(run_dir.checkpoint_uri(cursor.checkpoint), _worker_threads(run_dir, cpu_threads))
-    except Exception as exc:  # noqa: BLE001 - only a head start; open_run reports what is wrong with the run
-        logger.debug("no checkpoint hint for the spare worker: %s", exc)
-        return False
 
 
 def _restored_or_fallen_back(worker: SessionWorker, run_dir: RunDirectory, epoch_of: Any, log: Logger) -> None:

@@ -9,13 +9,6 @@ this process adopts it (``take_spare``) and sends it its run exactly as it would
 Nothing differs in what the worker computes: the same entry point, the same environment (``worker_environment``),
 the same imports before the run arrives.
 
-A spare can be told early which checkpoint its run will most likely restore (``hint_spare``: the caller reads the
-run directory's durable cursor before it has the run key's lease): it then starts reading that checkpoint's state
-files (``runtime.worker_child``) instead of idling until its run arrives, seconds on a CLI start (the local Prefect
-server starts meanwhile). Its run takes those reads when it restores that checkpoint, and drops them otherwise (a
-damaged checkpoint set aside, the cursor moved on by another run): a hint changes when bytes are read, never what is
-restored, which is verified as always.
-
 ``$PREFECT_GLINER2_SPARE_WORKER=off`` starts none (then a worker is spawned when its run opens, as without this
 module); ``on`` is the default.
 
@@ -34,13 +27,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from prefect_gliner2.runtime.protocol import Prefetch
 from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child, worker_environment
 
 __all__ = [
     "ENV_SPARE_WORKER",
     "discard_spare",
-    "hint_spare",
     "prestart_worker",
     "spare_enabled",
     "spare_pid",
@@ -59,7 +50,6 @@ class _Spare:
     conn: Any
     environment: dict[str, str]
     parent_pid: int
-    hint: Prefetch | None = None  # what it was told to read ahead (hint_spare)
 
 
 _SPARE: _Spare | None = None
@@ -86,23 +76,6 @@ def prestart_worker() -> bool:
         _SPARE = _Spare(process, parent_conn, environment, os.getpid())
     if stale is not None:
         _kill(stale)
-    return True
-
-
-def hint_spare(checkpoint_uri: str, cpu_threads: int) -> bool:
-    """Tell the waiting spare to start reading `checkpoint_uri`, the checkpoint its run will most likely restore,
-    with `cpu_threads` (the run's) for the read (see the module docstring); returns True when a spare was told. No
-    spare waiting, or one told this already: nothing to do."""
-    with _LOCK:
-        spare = _SPARE
-        if spare is None or (spare.hint and spare.hint.uri == checkpoint_uri) or not _usable(spare):
-            return False
-        hint = Prefetch(checkpoint_uri, int(cpu_threads))
-        try:
-            spare.conn.send(hint)
-        except (OSError, ValueError):
-            return False  # it died: take_spare finds it unusable
-        spare.hint = hint
     return True
 
 

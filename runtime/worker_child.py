@@ -23,10 +23,9 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from prefect_gliner2.runtime.protocol import Call, Close, Init, Prefetch, Reply, Status, encode_error
+from prefect_gliner2.runtime.protocol import Call, Close, Init, Reply, Status, encode_error
 from prefect_gliner2.runtime.session_runner import SessionRunner, StartClock
-from prefect_gliner2.runtime.worker_setup import head_start, pin_threads, prefetch_restore
-from prefect_gliner2.session_core.checkpoint import discard_prefetch
+from prefect_gliner2.runtime.worker_setup import head_start
 
 __all__ = ["worker_main"]
 
@@ -39,18 +38,18 @@ def worker_main(conn: Any, parent_pid: int) -> None:
     _leave_process_group()
     _die_with_parent(parent_pid)
     _quiet_logging()
-    start = _HeadStart(StartClock())
-    # before the run arrives: a spare (runtime.spare) has it done by then, and may have been told which checkpoint
-    # its run will restore (a Prefetch hint); a worker spawned for its run has the run by the time torch is
-    # imported, and starts reading its checkpoint before importing the rest
-    init = _import_training_stack(conn, start)
-    while init is None:
+    clock = StartClock()
+    # before the run arrives: a spare (runtime.spare) has it done by then; a worker spawned for its run has the run
+    # by the time torch is imported, and starts reading its checkpoint before importing the rest
+    init, head_started = _import_training_stack(conn, clock)
+    if init is None:
         try:
-            init = start.take(conn.recv())
+            init = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
+        clock.mark("run")
     try:
-        runner = SessionRunner(init.spec, init.restore, head_started=start.done, start=start.clock)
+        runner = SessionRunner(init.spec, init.restore, head_started=head_started, start=clock)
     except BaseException as exc:  # noqa: BLE001 - reported to the client, then this process exits
         _reply_error(conn, 0, exc)
         os._exit(2)
@@ -58,64 +57,35 @@ def worker_main(conn: Any, parent_pid: int) -> None:
     _serve(conn, runner)
 
 
-class _HeadStart:
-    """What a worker does with the messages before its build: a spare's `Prefetch` hint starts reading that
-    checkpoint at once; the `Init` pins the thread counts and starts reading its own checkpoint, unless the hint's
-    read is that one (then the restore takes it), after dropping a hint's read it does not restore."""
-
-    def __init__(self, clock: StartClock) -> None:
-        self.clock = clock
-        self.hinted: str | None = None
-        self.done = False  # head_start ran for the run (else the build runs it, and reports what it raises)
-
-    def take(self, message: Prefetch | Init) -> Init | None:
-        """Act on `message`; the `Init` once it is the one."""
-        if isinstance(message, Prefetch):
-            self.clock.mark("prefetch")
-            try:
-                pin_threads(message.cpu_threads)
-                prefetch_restore(message.uri)  # replaces the read of an earlier hint, if any
-                self.hinted = message.uri
-            except Exception:  # noqa: BLE001, S110 - only a hint: the run's own start reads what it restores
-                pass
-            return None
-        self.clock.mark("run")
-        prefetched = self.hinted is not None and message.restore == self.hinted
-        if self.hinted is not None and not prefetched:
-            discard_prefetch()  # the hint was not this run's checkpoint: free its reads before the build
-        try:
-            if message.restore and not prefetched:
-                self.clock.mark("prefetch")
-            head_start(message.spec, message.restore, prefetched=prefetched)
-            self.done = True
-        except Exception:  # noqa: BLE001, S110 - raised again, and reported, where the build runs it
-            pass
-        return message
-
-
-def _import_training_stack(conn: Any, start: _HeadStart) -> Init | None:
+def _import_training_stack(conn: Any, clock: StartClock) -> tuple[Init | None, bool]:
     """Import what building a session imports (torch, transformers, gliner2 and the session engine): most of a
-    worker's start, the same modules whenever the run arrives. Torch first: the messages already here then (a
-    spare's hint; a spawned worker's run) are taken before the seconds of transformers and gliner2 imports, so that
-    a checkpoint's background read overlaps them; returns the run when it came. A failure here is left for
-    ``SessionRunner`` to raise and report."""
+    worker's start, the same modules whenever the run arrives. Torch first: when the run is already here then (a
+    worker spawned for it), its checkpoint's background read starts before the seconds of transformers and gliner2
+    imports (``worker_setup.head_start``), and the run is returned with whether that head start ran. A failure here
+    is left for ``SessionRunner`` to raise and report."""
     init: Init | None = None
+    head_started = False
     try:
         import torch  # noqa: F401
 
-        while init is None and conn.poll(0):
+        if conn.poll(0):
             try:
-                init = start.take(conn.recv())
+                init = conn.recv()
             except (EOFError, OSError):
                 os._exit(0)
+            clock.mark("run")
+            if init.restore:
+                clock.mark("prefetch")
+            head_start(init.spec, init.restore)
+            head_started = True
         import gliner2.auto  # noqa: F401
 
         import prefect_gliner2.session_core.managed  # noqa: F401
         import prefect_gliner2.session_core.session_checkpoint  # noqa: F401
     except Exception:  # noqa: BLE001, S110 - raised again, and reported, where the run's build imports it
         pass
-    start.clock.mark("imported")
-    return init
+    clock.mark("imported")
+    return init, head_started
 
 
 def _serve(conn: Any, runner: SessionRunner) -> None:

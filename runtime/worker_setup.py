@@ -23,25 +23,19 @@ if TYPE_CHECKING:
     from prefect_gliner2.session_core.managed import ManagedTraining
     from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
-__all__ = ["build_training", "head_start", "init_weights_dir", "pin_threads", "prefetch_restore"]
+__all__ = ["build_training", "head_start", "init_weights_dir"]
 
 
-def head_start(spec: WorkerSpec, restore_uri: str | None, *, prefetched: bool = False) -> None:
+def head_start(spec: WorkerSpec, restore_uri: str | None) -> None:
     """Pin the torch and hashing thread counts, and start reading the checkpoint to restore in the background (see
-    ``prefetch_restore``) unless `prefetched` (a spare's hint started that very read already). Imports only torch and
-    the checkpoint reader: a worker calls it as soon as its run arrives, before it imports gliner2 and
-    transformers, when the run arrives that early."""
-    pin_threads(spec.cpu_threads)
-    if restore_uri and not prefetched:
-        prefetch_restore(restore_uri)
-
-
-def pin_threads(cpu_threads: int) -> None:
-    """The torch thread count, and the checkpoint hashing's (which stays within the slot's CPU share too)."""
+    ``_prefetch``). Imports only torch and the checkpoint reader: a worker calls it as soon as its run arrives, before
+    it imports gliner2 and transformers, when the run arrives that early."""
     import torch
 
-    torch.set_num_threads(int(cpu_threads))
-    set_hash_threads(int(cpu_threads))
+    torch.set_num_threads(int(spec.cpu_threads))
+    set_hash_threads(int(spec.cpu_threads))  # checkpoint hashing stays within the slot's CPU share too
+    if restore_uri:
+        _prefetch(restore_uri)
 
 
 def build_training(
@@ -107,7 +101,7 @@ def _is_native_model_dir(uri: str) -> bool:
     )
 
 
-def prefetch_restore(uri: str) -> None:
+def _prefetch(uri: str) -> None:
     """Read the checkpoint's optimizer moments, gradients, RNG and best weights in the background while the model
     loads (``session_core.prefetch.prefetch_state``). Only a head start: when it cannot start (e.g. a
     damaged index), the restore reads the checkpoint itself and reports what is wrong as it always does."""

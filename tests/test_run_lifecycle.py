@@ -79,38 +79,3 @@ def test_a_plain_process_opens_drives_and_finishes_a_run_without_prefect(tmp_pat
     assert summary["total_steps"] == 2 and summary["label"] == "best"
     reference = reference_export(model, inputs, cfg, tmp_path / "direct")
     assert_same_export(summary["export"], reference)
-
-
-def test_hint_restore_tells_the_spare_the_checkpoint_of_the_runs_cursor(tmp_path: Path) -> None:
-    """Before the lease, the spare is told the checkpoint the durable cursor names, with the run's thread count
-    (recorded with the run unless asked for); a new run, a run whose cursor records its export, or no spare: none."""
-    from prefect_gliner2.runtime import spare
-    from prefect_gliner2.runtime.prepare import prepare_run, record_manifest
-    from prefect_gliner2.runtime.protocol import Prefetch
-    from prefect_gliner2.runtime.run import hint_restore
-    from prefect_gliner2.runtime.rundir import DurableCursor
-    from prefect_gliner2.session_core import TrainingConfig
-
-    inputs = make_inputs(tmp_path / "data", n_train=8, n_valid=2)
-    config = TrainingConfig.from_dict(training_config(num_epochs=1))
-    prepared = prepare_run("tiny:span", inputs["train"], inputs["valid"], config, "hinted", str(tmp_path / "runs"))
-    record_manifest(prepared)
-    run_dir, fp = prepared.run_dir, prepared.plan.fingerprint
-    assert spare.prestart_worker()
-    try:
-        assert not hint_restore(prepared) and spare._SPARE is not None and spare._SPARE.hint is None  # a new run
-    finally:
-        spare.discard_spare()
-    run_dir.ensure_run_info({"model": "tiny:span", "device": "auto", "cpu_threads": 3, "init_weights": None})
-    run_dir.commit_cursor(DurableCursor("step-000001-batch-000001", 2, 1, 0, False, fp))
-    assert not hint_restore(prepared)  # no spare waits
-    assert spare.prestart_worker()
-    try:
-        assert hint_restore(prepared)
-        told = Prefetch(run_dir.checkpoint_uri("step-000001-batch-000001"), 3)  # the thread count recorded
-        assert spare._SPARE is not None and spare._SPARE.hint == told
-        assert not hint_restore(prepared, cpu_threads=1)  # told that checkpoint already
-        run_dir.commit_cursor(DurableCursor("step-000002-batch-000003", 4, 2, 0, True, fp, export="/x", summary={}))
-        assert not hint_restore(prepared)  # finished and exported: nothing to read ahead
-    finally:
-        spare.discard_spare()

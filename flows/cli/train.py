@@ -61,7 +61,6 @@ def add_parser(commands: Any) -> None:
 def run(args: Any) -> int:
     from prefect_gliner2.flows.params import check_runnable
     from prefect_gliner2.runtime.prepare import prepare_run, record_manifest
-    from prefect_gliner2.runtime.run import hint_restore
 
     settings = _settings(args)
     config, train, valid = inputs(args)
@@ -69,7 +68,6 @@ def run(args: Any) -> int:
         prepared = prepare_run(args.model, one(train), one(valid), config, args.run_key, args.storage)
         check_runnable(prepared.plan.config, prepared.has_validation, args.device)
         record_manifest(prepared)  # refuses another plan under this run key before Prefect starts
-        hint_restore(prepared, args.cpu_threads)  # a resume: the spare reads its checkpoint while Prefect starts
         with prefect_api():
             state = _run_flow(args, prepared.run_dir.run_key, *settings)
     if not state.is_completed():
