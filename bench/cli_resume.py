@@ -15,9 +15,6 @@ checkpoint, the later ones and the export never happened) and kept aside. Then, 
   cache, as one written shortly before a crash is);
 - resume-cold: the same with the copy's pages dropped from the page cache (as after a reboot, or a checkpoint
   written long before; the model's files stay cached in every variant);
-- and each of the two "not told": the same with the spare worker not told the cursor's checkpoint before Prefect
-  starts (``runtime.run.hint_restore`` switched off in the command's process: the order before it, where the spare
-  idles until its run arrives and only then starts reading the checkpoint).
 
 Times are from the command's launch to the end of its first training task (its "Finished" log line; a resume's is
 the batch after the checkpoint); each run is then killed with its process group, and the next starts once every
@@ -47,26 +44,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from realsize_flow import rewind_to_first_checkpoint  # noqa: E402
 
-#: The CLI's main() (as the prefect-gliner2 script runs it), with the spare's checkpoint hint switched off when
-#: argv[1] says "off"; runtime.run is imported first either way, so that both start alike.
-CLI = [
-    sys.executable,
-    "-c",
-    "import sys\n"
-    "import prefect_gliner2.runtime.run as run\n"
-    "if sys.argv[1] == 'off':\n"
-    "    run.hint_restore = lambda *args, **kwargs: False\n"
-    "from prefect_gliner2.flows.cli import console_main\n"
-    "sys.argv = ['prefect-gliner2', *sys.argv[2:]]\n"
-    "console_main()\n",
-]
+CLI = str(Path(sys.executable).with_name("prefect-gliner2"))
 FIRST_TASK = re.compile(r"Task run 'batches \d+-\d+[^']*' - Finished")
 RESTORED = re.compile(r"session worker \(pid \d+\) restored \S+; its start, [^:]*: (.*)")
 CONFIG = {"num_epochs": 1, "batch_size": 2, "eval_strategy": "no", "fp16": False, "bf16": False, "seed": 11}
-VARIANTS = ("fresh", "resume", "resume-cold", "resume-not-told", "resume-cold-not-told")
+VARIANTS = ("fresh", "resume", "resume-cold")
 
 
-def one_run(tmp: Path, tag: str, argv: list[str], hint: str = "on") -> dict[str, Any]:
+def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
     """The CLI with `argv` until its first training task finished (then killed): seconds from its launch."""
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     env.update(
@@ -78,7 +63,7 @@ def one_run(tmp: Path, tag: str, argv: list[str], hint: str = "on") -> dict[str,
         TRANSFORMERS_OFFLINE="1",
         BENCH_CLI_RESUME_RUN=tag,  # every process of the run inherits it: how its end is found
     )
-    command = [*CLI, hint, *argv]
+    command = [CLI, *argv]
     started = time.perf_counter()
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
@@ -148,7 +133,7 @@ def main() -> None:
         fresh = [run["first"] for run in result["times"]["fresh"]]
         for variant in VARIANTS:
             values = [run["first"] for run in result["times"][variant]]
-            line = f"  {variant:20} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+            line = f"  {variant:11} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
             if variant != "fresh":
                 ratios = [value / base for value, base in zip(values, fresh, strict=True)]
                 result[f"{variant}_ratio"] = ratios
@@ -176,7 +161,7 @@ def measure(arch: str, args: argparse.Namespace) -> dict[str, Any]:
                     "--run-key", key, "--storage", str(storage), "--checkpoint-every", "1"]  # fmt: skip
 
         reference = subprocess.run(
-            [*CLI, "on", *argv("resumed", tmp / "reference")],
+            [CLI, *argv("resumed", tmp / "reference")],
             env={
                 **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
                 "PREFECT_HOME": str(tmp / "home"),
@@ -203,12 +188,11 @@ def measure(arch: str, args: argparse.Namespace) -> dict[str, Any]:
                     if "cold" in variant:
                         _drop_cached(storage / "resumed")
                     run_argv = argv("resumed", storage)
-                hint = "off" if variant.endswith("not-told") else "on"
-                times[variant].append(one_run(tmp, f"{arch}-{variant}-{repeat}", run_argv, hint))
+                times[variant].append(one_run(tmp, f"{arch}-{variant}-{repeat}", run_argv))
                 shutil.rmtree(storage, ignore_errors=True)
                 measured = times[variant][-1]
                 print(
-                    f"  {arch:8} {variant:20} turn {repeat + 1}: first batch {measured['first']:.2f} s"
+                    f"  {arch:8} {variant:11} turn {repeat + 1}: first batch {measured['first']:.2f} s"
                     + (f"; the restoring worker's start: {measured['restored']}" if measured["restored"] else ""),
                     flush=True,
                 )
