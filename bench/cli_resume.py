@@ -6,7 +6,7 @@ fresh start of the same command.
 What a user waits for after a crash: the same command again, from its launch to its first batch trained. Each run
 is the whole command (its own local Prefect server, no PREFECT_API_URL) in one PREFECT_HOME whose database the
 reference run creates, on a model of the gliner2-base shape built offline (`GLINER2_BASE_SIZE`, as
-`bench/realsize.py`). The reference run trains 4 batches with a checkpoint after each (3.4 GB each for span); its
+`bench/realsize.py`). The reference run trains 4 batches with a checkpoint after each (2.5 GB each for span); its
 run directory is then rewound to the state a kill right after its first checkpoint leaves (the cursor names that
 checkpoint, the later ones and the export never happened) and kept aside. Then, taking turns, `--repeats` times:
 
@@ -14,7 +14,7 @@ checkpoint, the later ones and the export never happened) and kept aside. Then, 
 - resume: the command on a copy of the rewound run directory (copied, then synced: its checkpoint is in the page
   cache, as one written shortly before a crash is);
 - resume-cold: the same with the copy's pages dropped from the page cache (as after a reboot, or a checkpoint
-  written long before; the model's files stay cached in every variant);
+  written long before; the model's files stay cached in every variant).
 
 Times are from the command's launch to the end of its first training task (its "Finished" log line; a resume's is
 the batch after the checkpoint); each run is then killed with its process group, and the next starts once every

@@ -1,6 +1,6 @@
 """Benchmark report: run the plan, session, flow, chaos and real-size benchmarks side by side in one markdown table.
 
-    python bench/run_all.py                    # ~85 minutes on a 2-core machine (flow ~33, sliced ~28, realsize ~15)
+    python bench/run_all.py                    # ~95 minutes on a 2-core machine (flow ~30, sliced ~27, realsize ~19)
     python bench/run_all.py --skip realsize    # the small-model benchmarks only
     python bench/run_all.py --out /tmp/r.md --plan-sizes 10000,100000
     python bench/run_all.py --device cuda [--bf16] --skip plan,chaos --out cuda.md   # the GPU table (bench/gpu.sh)
@@ -8,7 +8,8 @@
 Each benchmark runs as its own subprocess (bench/plan.py, bench/session.py, bench/flow.py: the flow against native
 train() at three step times, runs of ~2 min, bench/flow_sliced.py: the same two taking turns of 0.5 s for 240 s
 each, the cost per batch with the host's noise on both alike, bench/memory.py: updates with and without the worker's
-memory setting, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the gliner2-base shape, ~5 GB of RAM);
+memory setting, bench/checkpoint_cost.py, bench/chaos.py, bench/realsize.py: the gliner2-base shape, ~5 GB of RAM,
+bench/cli_resume.py: the whole CLI run again after a crash at that shape vs a fresh start, ~5 minutes);
 its figures are parsed from its --json output where it has one, else from its printed table. The report holds the
 command, the machine (CPU model, cores, torch version), one table of ratios and every script's raw output.
 """
