@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from fresh_process import uncache  # noqa: E402  (bench/fresh_process.py, beside this script)
 from realsize_flow import rewind_to_first_checkpoint  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("prefect-gliner2"))
@@ -51,8 +52,8 @@ CONFIG = {"num_epochs": 1, "batch_size": 2, "eval_strategy": "no", "fp16": False
 VARIANTS = ("fresh", "resume", "resume-cold")
 
 
-def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
-    """The CLI with `argv` until its first training task finished (then killed): seconds from its launch."""
+def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of every command here: its own local Prefect server in one PREFECT_HOME, offline."""
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     env.update(
         PREFECT_HOME=str(tmp / "home"),
@@ -61,8 +62,14 @@ def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
         PYTHONPATH=str(ROOT),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        BENCH_CLI_RESUME_RUN=tag,  # every process of the run inherits it: how its end is found
+        **extra,
     )
+    return env
+
+
+def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
+    """The CLI with `argv` until its first training task finished (then killed): seconds from its launch."""
+    env = cli_env(tmp, BENCH_CLI_RESUME_RUN=tag)  # every process of the run inherits the tag: how its end is found
     command = [CLI, *argv]
     started = time.perf_counter()
     process = subprocess.Popen(
@@ -86,14 +93,6 @@ def one_run(tmp: Path, tag: str, argv: list[str]) -> dict[str, Any]:
     if first is None:
         raise SystemExit(f"run {tag} ended before its first batch ({process.returncode}):\n{''.join(lines[-40:])}")
     return {"first": first, "restored": restored}
-
-
-def _drop_cached(folder: Path) -> None:
-    """Drop every file under `folder` from the page cache (they are synced, so every page is clean)."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _wait_gone(tag: str, timeout: float = 60.0) -> None:
@@ -162,12 +161,7 @@ def measure(arch: str, args: argparse.Namespace) -> dict[str, Any]:
 
         reference = subprocess.run(
             [CLI, *argv("resumed", tmp / "reference")],
-            env={
-                **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
-                "PREFECT_HOME": str(tmp / "home"),
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                "PYTHONPATH": str(ROOT),
-            },
+            env=cli_env(tmp),
             capture_output=True,
             text=True,
             check=False,
@@ -186,7 +180,7 @@ def measure(arch: str, args: argparse.Namespace) -> dict[str, Any]:
                     shutil.copytree(tmp / "reference" / "resumed", storage / "resumed")
                     os.sync()
                     if "cold" in variant:
-                        _drop_cached(storage / "resumed")
+                        uncache(storage / "resumed")
                     run_argv = argv("resumed", storage)
                 times[variant].append(one_run(tmp, f"{arch}-{variant}-{repeat}", run_argv))
                 shutil.rmtree(storage, ignore_errors=True)

@@ -17,6 +17,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def uncache(folder: Path) -> None:
+    """Drop every file under `folder` from the page cache (written and synced: every page is clean), so that the
+    next read of it comes from the disk."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def run_bench_script(script: str, env: dict[str, str] | None = None, what: str = "benchmark run") -> dict[str, Any]:
     """Run `script` with ``python -c`` and return the JSON of its ``BENCH `` line; SystemExit with its stderr's
     tail when it fails or prints none."""

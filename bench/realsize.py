@@ -76,7 +76,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
-from fresh_process import first_touch, worker_start  # noqa: E402  (bench/fresh_process.py, beside this script)
+from fresh_process import first_touch, uncache, worker_start  # noqa: E402  (bench/fresh_process.py, beside this script)
 from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 from realsize_tables import print_all, print_load, print_resume  # noqa: E402  (bench/realsize_tables.py, beside this script)
 
@@ -216,17 +216,6 @@ def cached_as_at_a_start(ckpt: Path, restore: bool) -> None:
         uncache(folder)
     if restore:
         cache(ckpt)
-
-
-def uncache(folder: Path) -> None:
-    """Drop every file in `folder` from the page cache (written and fsynced: every page is clean), so that the next
-    read of it comes from the disk."""
-    for path in folder.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def raw_read(folder: Path) -> float:
