@@ -7,12 +7,18 @@ The flow's worker starts with glibc's malloc thresholds raised (``prefect_gliner
 worker_environment``): the blocks a step frees are reused by the next step instead of going back to the kernel and
 being faulted in again, page by page. Here each run is a fresh interpreter that builds a session on the model and
 trains ``--steps`` updates (forward_backward + optim_step, the session's public API; no Prefect); the two
-settings alternate, ``--repeat`` pairs. Printed per shape, median (min-max) over the pairs:
+settings alternate, ``--repeat`` groups. Printed per shape, median (min-max) over the groups:
 
 - step ms: the median update after the first two (warm-up), default / retaining, and their ratio;
 - page faults per update (minor faults counted by the kernel), default / retaining;
 - peak resident set (``VmHWM``), default / retaining: what keeping freed memory costs;
+- the first update (fresh memory everywhere: the cost of a page the process has not touched), default / retaining;
 - the weights after the last update, compared bitwise between every run (the setting must not change a bit).
+
+``--thp`` adds a third run to every group, in the same rotation: the worker's setting plus PyTorch's own switch for
+transparent huge pages on its CPU tensors (``THP_MEM_ALLOC_ENABLE=1``: allocations of 2 MiB and more aligned to 2
+MiB and ``madvise(MADV_HUGEPAGE)``; it takes effect where the kernel's THP mode is ``madvise`` or ``always``). A
+worker does not use it (README, "Tried and not kept"); this measures why.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from fresh_process import run_bench_script  # noqa: E402  (bench/fresh_process.p
 
 SHAPES = ("768x6", "base")  # bench/flow.py's ~1 s model; the gliner2-base shape (GLINER2_BASE_SIZE), built in code
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+THP_SWITCH = "THP_MEM_ALLOC_ENABLE"  # PyTorch's (c10's CPU allocator): huge pages for CPU tensors of 2 MiB and more
 
 _CHILD = """
 import json, os, resource, statistics, sys, time
@@ -58,9 +65,9 @@ for index in range({steps}):
 with open("/proc/self/status") as handle:
     peak = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
 print("BENCH " + json.dumps({{
-    "step": statistics.median(steps[2:]), "faults": statistics.median(faults[2:]), "peak": peak,
+    "step": statistics.median(steps[2:]), "faults": statistics.median(faults[2:]), "peak": peak, "first": steps[0],
     "weights": tensors_digest(list(session.model.state_dict().items())),
-    "tunables": os.environ.get("GLIBC_TUNABLES"),
+    "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get("THP_MEM_ALLOC_ENABLE"),
 }}))
 """
 
@@ -73,15 +80,20 @@ def model_source(shape: str, tmp: str) -> str:
     return str(save_tiny_model(Path(tmp) / "base", "span", seed=0, dropout=0.1, **GLINER2_BASE_SIZE))
 
 
-def one_run(model: str, steps: int, threads: int, retain: bool, tmp: str) -> dict[str, Any]:
+def one_run(model: str, steps: int, threads: int, variant: str, tmp: str) -> dict[str, Any]:
+    """One fresh interpreter training `steps` updates; `variant` is "default" (glibc's defaults), "retain" (the
+    worker's setting) or "thp" (the worker's setting and PyTorch's huge pages)."""
     from prefect_gliner2.runtime.spawn import ENV_WORKER_MEMORY, worker_environment
 
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", ENV_WORKER_MEMORY)}
-    env.update(ENV, PYTHONPATH=str(ROOT), **(worker_environment({}) if retain else {}))
+    drop = ("GLIBC_TUNABLES", ENV_WORKER_MEMORY, THP_SWITCH)
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(ENV, PYTHONPATH=str(ROOT), **(worker_environment({}) if variant != "default" else {}))
+    if variant == "thp":
+        env[THP_SWITCH] = "1"
     script = _CHILD.format(threads=threads, out=str(Path(tmp) / "out"), steps=steps, model=model)
     result = run_bench_script(script, env)
-    if bool(result["tunables"]) != retain:
-        raise SystemExit(f"the run's GLIBC_TUNABLES is {result['tunables']!r}, expected the setting {retain}")
+    if bool(result["tunables"]) != (variant != "default") or (result["thp"] == "1") != (variant == "thp"):
+        raise SystemExit(f"the run's environment ({result['tunables']!r}, {result['thp']!r}) is not {variant!r}")
     return result
 
 
@@ -92,43 +104,61 @@ def spread(values: list[float], fmt: str) -> str:
 
 def bench_shape(shape: str, args: argparse.Namespace, threads: int, tmp: str) -> dict[str, Any]:
     model = model_source(shape, tmp)
-    runs: dict[str, list[dict[str, Any]]] = {"default": [], "retain": []}
+    variants = ["default", "retain"] + (["thp"] if args.thp else [])
+    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
     for repeat in range(args.repeat):
-        order = ("default", "retain") if repeat % 2 == 0 else ("retain", "default")
-        for variant in order:
-            runs[variant].append(one_run(model, args.steps, threads, variant == "retain", tmp))
-        print(f"  {shape}: pair {repeat + 1} done", file=sys.stderr, flush=True)
-    ratios = [r["step"] / d["step"] for r, d in zip(runs["retain"], runs["default"], strict=True)]
+        shift = repeat % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            runs[variant].append(one_run(model, args.steps, threads, variant, tmp))
+        print(f"  {shape}: group {repeat + 1} done", file=sys.stderr, flush=True)
     digests = {r["weights"] for variant in runs.values() for r in variant}
-    return {
+    result = {
         "shape": shape,
         "model": model if shape != "base" else "gliner2-base shape",
         "runs": runs,
-        "ratio": ratios,
+        "ratio": [r["step"] / d["step"] for r, d in zip(runs["retain"], runs["default"], strict=True)],
         "same_bits": len(digests) == 1,
     }
+    if args.thp:
+        pairs = list(zip(runs["thp"], runs["retain"], strict=True))
+        result["thp_ratio"] = [t["step"] / r["step"] for t, r in pairs]
+        result["thp_first_ratio"] = [t["first"] / r["first"] for t, r in pairs]
+    return result
 
 
 def report(result: dict[str, Any]) -> list[str]:
-    def both(key: str, scale: float, fmt: str) -> str:
-        default, retain = ([r[key] * scale for r in result["runs"][v]] for v in ("default", "retain"))
-        return f"{spread(default, fmt):>22} / {spread(retain, fmt)}"
+    variants = list(result["runs"])
 
-    return [
-        f"{result['shape']} ({result['model']}):",
-        f"  step ms, default / retaining           {both('step', 1e3, '.1f')}",
+    def each(key: str, scale: float, fmt: str) -> str:
+        columns = [spread([r[key] * scale for r in result["runs"][v]], fmt) for v in variants]
+        return f"{columns[0]:>22} / " + " / ".join(columns[1:])
+
+    names = " / ".join({"default": "default", "retain": "retaining", "thp": "retaining + THP"}[v] for v in variants)
+    lines = [
+        f"{result['shape']} ({result['model']}), {names}:",
+        f"  step ms                                {each('step', 1e3, '.1f')}",
         f"  retaining / default, step              {spread(result['ratio'], '.3f'):>22}",
-        f"  page faults per update                 {both('faults', 1, '.0f')}",
-        f"  peak RSS MB                            {both('peak', 1 / 2**20, '.0f')}",
-        f"  weights after the last update          {'bitwise equal in every run' if result['same_bits'] else 'DIFFER'}",
+        f"  first update ms                        {each('first', 1e3, '.0f')}",
+        f"  page faults per update                 {each('faults', 1, '.0f')}",
+        f"  peak RSS MB                            {each('peak', 1 / 2**20, '.0f')}",
     ]
+    if "thp_ratio" in result:
+        lines += [
+            f"  retaining + THP / retaining, step      {spread(result['thp_ratio'], '.3f'):>22}",
+            f"  retaining + THP / retaining, first     {spread(result['thp_first_ratio'], '.3f'):>22}",
+        ]
+    lines.append(
+        f"  weights after the last update          {'bitwise equal in every run' if result['same_bits'] else 'DIFFER'}"
+    )
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--steps", type=int, default=12, help="updates per run (the first two are warm-up)")
-    parser.add_argument("--repeat", type=int, default=2, help="pairs of runs (default, retaining), order alternating")
+    parser.add_argument("--repeat", type=int, default=2, help="groups of runs (default, retaining), order rotating")
+    parser.add_argument("--thp", action="store_true", help="add a run with PyTorch's huge pages to every group")
     parser.add_argument("--threads", type=int, help="torch threads (default: the flow's default)")
     parser.add_argument("--json", help="also write the runs and figures as JSON to this file")
     args = parser.parse_args()
@@ -137,7 +167,7 @@ def main() -> None:
     threads = args.threads or default_cpu_threads()
     print(
         f"training updates with glibc's default malloc and with the worker's memory setting, {threads} thread(s), "
-        f"{args.steps} updates per run, median (min-max) of {args.repeat} pair(s)"
+        f"{args.steps} updates per run, median (min-max) of {args.repeat} group(s)"
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-", dir=os.environ.get("BENCH_TMP")) as tmp:
