@@ -6,8 +6,8 @@
 The flow's worker starts with glibc's malloc thresholds raised (``prefect_gliner2.runtime.spawn.
 worker_environment``): the blocks a step frees are reused by the next step instead of going back to the kernel and
 being faulted in again, page by page. Here each run is a fresh interpreter that builds a session on the model and
-trains ``--steps`` updates (forward_backward + optim_step, the session's public API; no Prefect); the two
-settings alternate, ``--repeat`` groups. Printed per shape, median (min-max) over the groups:
+trains ``--steps`` updates (forward_backward + optim_step, the session's public API; no Prefect); the
+settings take turns, the order rotating, ``--repeat`` groups. Printed per shape, median (min-max) over the groups:
 
 - step ms: the median update after the first two (warm-up), default / retaining, and their ratio;
 - page faults per update (minor faults counted by the kernel), default / retaining;
@@ -67,7 +67,7 @@ with open("/proc/self/status") as handle:
 print("BENCH " + json.dumps({{
     "step": statistics.median(steps[2:]), "faults": statistics.median(faults[2:]), "peak": peak, "first": steps[0],
     "weights": tensors_digest(list(session.model.state_dict().items())),
-    "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+    "tunables": os.environ.get("GLIBC_TUNABLES"), "thp": os.environ.get({thp_switch!r}),
 }}))
 """
 
@@ -90,7 +90,7 @@ def one_run(model: str, steps: int, threads: int, variant: str, tmp: str) -> dic
     env.update(ENV, PYTHONPATH=str(ROOT), **(worker_environment({}) if variant != "default" else {}))
     if variant == "thp":
         env[THP_SWITCH] = "1"
-    script = _CHILD.format(threads=threads, out=str(Path(tmp) / "out"), steps=steps, model=model)
+    script = _CHILD.format(threads=threads, out=str(Path(tmp) / "out"), steps=steps, model=model, thp_switch=THP_SWITCH)
     result = run_bench_script(script, env)
     if bool(result["tunables"]) != (variant != "default") or (result["thp"] == "1") != (variant == "thp"):
         raise SystemExit(f"the run's environment ({result['tunables']!r}, {result['thp']!r}) is not {variant!r}")
