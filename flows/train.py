@@ -12,18 +12,22 @@
     summary["export"]                           # the selected (best, else final) model directory
 
 Calling it again with the same run key -- or retrying the flow run, also after a crash -- continues exactly from
-the durable cursor. The run's lifecycle (lease, run directory, worker, restore, completion, the cursor's export
-record) is ``runtime.run``'s; this flow composes it with the tasks that drive the plan and export the model.
+the durable cursor. With ``pause_at_step=S`` the run pauses at its first validation at or after S updates: it
+checkpoints there, ends COMPLETED with a pause record as its summary (``summary["paused"]``; ``runtime.pause``) and
+exports nothing; the same run key with a larger ``pause_at_step``, or none, continues it exactly. The run's
+lifecycle (lease, run directory, worker, restore, completion, the cursor's export record) is ``runtime.run``'s; this
+flow composes it with the tasks that drive the plan and export the model.
 Importing this module does not import torch: training happens in the worker process.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 from prefect.states import Completed
+from pydantic import Field
 
 from prefect_gliner2.flows.context import interrupts_surface, run_hooks
 from prefect_gliner2.flows.driver import DriveResult, drive
@@ -38,11 +42,13 @@ from prefect_gliner2.flows.params import (
 from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
+from prefect_gliner2.runtime.pause import pause_index, pause_record, record_pause
 from prefect_gliner2.runtime.prepare import prepare_run
-from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult
+from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult, ValidateResult
 from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
 from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.runtime.spare import discard_spare, spare_worker
+from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.tasks.export import export_model
 
 __all__ = ["TrainingConfigModel", "TrainingSettings", "run_options", "train_flow"]
@@ -97,6 +103,7 @@ def train_flow(
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
     lease: LeaseSettings = DEFAULT_LEASE,
+    pause_at_step: Annotated[int | None, Field(ge=1)] = None,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -116,11 +123,15 @@ def train_flow(
         checkpointing: When checkpoints are taken, how many are kept and whether they are written in the background.
         execution: Batches per task, operations sent ahead, the device and the worker's CPU threads.
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
+        pause_at_step: Pause at the first validation at or after this many optimizer updates, checkpointed there
+            (needs valid_data); the same run key with a larger value, or none, continues exactly from there.
     """
     config_given = config.to_training_config() if config else None
     with interrupts_surface(), spare_worker():
         prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
+        if pause_at_step is not None and not prepared.has_validation:
+            raise ConfigError("pause_at_step pauses a run at a validation point: pass valid_data (or drop it)")
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
         with open_run(prepared, options, run_hooks()) as run:
             discard_spare()  # adopted by the run's worker by now, unless none started (a finished run, a reused one)
@@ -128,15 +139,22 @@ def train_flow(
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"
                 return _completed_state(message, run.completed_summary())
-            summary, where = _train(run, checkpointing, execution)
-            return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+            summary, message = _train(run, checkpointing, execution, pause_at_step)
+            return _completed_state(message, summary)
 
 
-def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings) -> tuple[dict[str, Any], str]:
-    """Drive the run to its end through the tasks, export and finish; returns the summary and the final position
-    in words."""
+def _train(
+    run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings, pause_at_step: int | None
+) -> tuple[dict[str, Any], str]:
+    """Drive the run to its end (or its pause) through the tasks, export and finish; returns the summary (or the
+    pause record) and the flow run's state message."""
     live, cursor, plan = run.live, run.cursor, run.prepared.plan
     assert live is not None, "the run is open"
+    pause_at = None
+    if pause_at_step is not None and (cursor is None or not cursor.finished):
+        if cursor is not None and cursor.step >= pause_at_step:
+            return _paused(run, pause_at_step, None)
+        pause_at = pause_index(plan, run.start, pause_at_step)
     if cursor is not None:
         get_run_logger().info(
             "resuming run %s from checkpoint %s (batch %d of %d, step %d)",
@@ -165,7 +183,10 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
                 reporter=reporter,
                 then=Export(uri=run.export_uri, which="best"),
                 background_checkpoints=checkpointing.background_checkpoints,
+                pause_at=pause_at,
             )
+        if outcome.paused is not None and pause_at_step is not None:
+            return _paused(run, pause_at_step, outcome.paused)
         info = export_model(run.run_key, run.export_uri, "best")
         summary, final = finish(run, info, units_run=outcome.units_run)
         for warning in summary.get("warnings") or ():
@@ -173,9 +194,42 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
         reporter.validations = list(info.summary.eval_metrics_history or reporter.validations)
         reporter.finish(summary, cursor=final)
         _announce_completed(run, summary, final)
-        return summary, reporter.where()
+        return summary, f"{run.run_key}: {reporter.where()} · done; model at {summary['export']}"
     finally:
         reporter.close(timeout=5.0)
+
+
+def _paused(run: OpenRun, pause_at_step: int, validation: ValidateResult | None) -> tuple[dict[str, Any], str]:
+    """The run paused at its durable cursor (after `validation`, or found there): keep the pause record in the
+    cursor and return it with the state message. A record kept by an earlier attempt at this position is reused;
+    without one, the worker's restored state says what the validations were."""
+    cursor = run.run_dir.read_cursor()
+    assert cursor is not None, "a paused run has a committed checkpoint"
+    if validation is None and cursor.summary is not None and cursor.summary.get("paused"):
+        record = dict(cursor.summary)
+    else:
+        known = validation or run.worker.call(Summary())
+        history = known.history if isinstance(known, ValidateResult) else known.eval_metrics_history
+        record = pause_record(
+            run.run_dir,
+            run.prepared.plan,
+            cursor,
+            history,
+            pause_at_step=pause_at_step,
+            best_metric=known.best_metric,
+            best_step=known.best_step,
+        )
+        run.lease.check()  # a run that lost its run key records nothing
+        record_pause(run.run_dir, record)
+    get_run_logger().info(
+        "run %s paused at step %d (checkpoint %s); the same run key continues it exactly",
+        run.run_key,
+        record["total_steps"],
+        record["checkpoint"],
+    )
+    record = {**record, "flow_run_id": run.hooks.flow_run_id}
+    message = f"{run.run_key}: paused at step {record['total_steps']} of {record['max_steps']}; the run key resumes it"
+    return record, message
 
 
 def _restored_history(live: Any) -> SummaryResult | None:
