@@ -97,7 +97,7 @@ class SearchSpace:
     params: tuple[Param, ...]
     pruner: PrunerSpec = PrunerSpec()
     sampler: SamplerSpec = SamplerSpec()
-    where: str = "search space"
+    where: str = dataclasses.field(default="search space", compare=False)  # the file (for messages)
 
     def to_dict(self) -> dict[str, Any]:
         """The space as the file would say it (a flow parameter: JSON-ready); ``parse_search_space`` reads it back."""

@@ -39,7 +39,11 @@ def add_parser(commands: Any) -> None:
         " without the option: in this process)",
     )
     parser.add_argument("--study-key", default="study", help="names the study; the same key continues it")
-    parser.add_argument("--storage", help="Optuna storage URL (default: $PREFECT_GLINER2_STUDY_STORAGE, else SQLite)")
+    parser.add_argument(
+        "--storage",
+        dest="study_storage",
+        help="Optuna storage URL (default: $PREFECT_GLINER2_STUDY_STORAGE, else SQLite)",
+    )
     parser.add_argument("--run-storage", help="local directory or fsspec URL for the trials' run directories")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument(
@@ -105,7 +109,7 @@ def _parameters(args: Any, base: dict[str, Any], space: dict[str, Any]) -> dict[
         "space": space,
         "trials": args.trials,
         "study_key": args.study_key,
-        "study_storage_url": args.storage,
+        "study_storage_url": args.study_storage,
         "parallel": args.parallel,
         "deployment": args.deployment,
         "seed": args.seed,
