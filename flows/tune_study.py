@@ -34,6 +34,7 @@ __all__ = [
     "next_budget",
     "open_study",
     "optuna_module",
+    "own_schema",
     "reached_budget",
     "report",
     "study_resources",
@@ -43,6 +44,7 @@ __all__ = [
 
 STUDY_STORAGE_ENV = "PREFECT_GLINER2_STUDY_STORAGE"
 PREFECT_DATABASE_ENVS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+STUDY_SCHEMA = "prefect_gliner2_optuna"  # the PostgreSQL schema of studies (see ``own_schema``)
 IDENTITY_ATTR = "prefect_gliner2.identity"  # what the study searches over: a study key is never reused for another
 RESOURCES_ATTR = "prefect_gliner2.resources"  # the pruner's resources, resolved when the study was created
 
@@ -69,15 +71,16 @@ def optuna_module() -> Any:
 def study_storage(given: str | None) -> tuple[str, str]:
     """The study storage URL and where it came from: `given`, else $PREFECT_GLINER2_STUDY_STORAGE, else the
     PostgreSQL database of the Prefect server when this process is configured with it, else a SQLite file under
-    ~/.prefect-gliner2 (one host's: a tune flow retried on another host would not find it)."""
+    ~/.prefect-gliner2 (one host's: a tune flow retried on another host would not find it). A PostgreSQL study
+    lives in a schema of its own (``own_schema``)."""
     if given:
-        return sync_url(given), "given"
+        return own_schema(sync_url(given)), "given"
     if os.environ.get(STUDY_STORAGE_ENV):
-        return sync_url(os.environ[STUDY_STORAGE_ENV]), f"${STUDY_STORAGE_ENV}"
+        return own_schema(sync_url(os.environ[STUDY_STORAGE_ENV])), f"${STUDY_STORAGE_ENV}"
     for name in PREFECT_DATABASE_ENVS:
         url = os.environ.get(name, "")
         if url.startswith("postgresql"):
-            return sync_url(url), f"the Prefect server's database (${name})"
+            return own_schema(sync_url(url)), f"the Prefect server's database (${name})"
     home = os.path.join(os.path.expanduser("~"), ".prefect-gliner2")
     os.makedirs(home, exist_ok=True)
     return f"sqlite:///{home}/studies.db", "the local default (SQLite)"
@@ -95,6 +98,23 @@ def sync_url(url: str) -> str:
     if url.startswith("postgresql://"):
         return "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
+
+
+def own_schema(url: str) -> str:
+    """A PostgreSQL URL whose connections use the schema ``STUDY_SCHEMA`` (created when missing), unless the URL sets
+    its own connection ``options``: Optuna and Prefect both keep an ``alembic_version`` table, so a study in the
+    Prefect server's database needs a schema of its own (``optuna-dashboard`` takes the URL this returns)."""
+    if not url.startswith("postgresql") or "options=" in url:
+        return url
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {STUDY_SCHEMA}"))
+    finally:
+        engine.dispose()
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{STUDY_SCHEMA}"
 
 
 def open_study(
