@@ -174,6 +174,7 @@ def _distribution(optuna: Any, param: Param) -> Any:
     found = optuna.distributions
     if param.kind == "categorical":
         return found.CategoricalDistribution(list(param.choices))
+    assert param.low is not None and param.high is not None, "a range has bounds"
     if param.kind == "int":
         return found.IntDistribution(int(param.low), int(param.high), log=param.log, step=int(param.step or 1))
     return found.FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
