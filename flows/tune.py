@@ -105,8 +105,8 @@ def tune_flow(
         url, source = study_storage(study_storage_url)
         logger.info("study %s in %s (%s)", study_key, _masked(url), source)
         resources = study_resources_for(base, config, search)
-        identity = {"base": {k: v for k, v in base.items() if k != "config"}, "config": config.to_dict()}
-        identity |= {"space": search.to_dict(), "seed": seed}
+        identity: dict[str, Any] = {"base": {k: v for k, v in base.items() if k != "config"}}
+        identity |= {"config": config.to_dict(), "space": search.to_dict(), "seed": seed}
         greater = bool(config.greater_is_better)
         study = open_study(study_key, url, search, resources, identity, maximize=greater)
         launcher: Any = InProcess()

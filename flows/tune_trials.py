@@ -173,15 +173,18 @@ class StudyRunner:
         trial = self.handles[segment.number]
         self._note_flow_run(trial, segment)
         if segment.state != "COMPLETED":
-            return self._fail(segment.number, segment.error or f"its flow run ended {segment.state}")
+            self._fail(segment.number, segment.error or f"its flow run ended {segment.state}")
+            return None
         outcome = run_outcome(RunDirectory(self.storage, segment.run_key))
         if outcome is None:
-            return self._fail(segment.number, f"run {segment.run_key} recorded neither a pause nor its end")
+            self._fail(segment.number, f"run {segment.run_key} recorded neither a pause nor its end")
+            return None
         kind, record = outcome
         report(trial, record.get("validations") or (), self.greater)
         trial.set_user_attr("steps", record["total_steps"])
         if kind == "finished":
-            return self._complete(segment, record)
+            self._complete(segment, record)
+            return None
         trial.set_user_attr("checkpoint", record["checkpoint"])
         trial.set_user_attr("cursor", record["cursor"])
         if _prunes(trial.user_attrs) and trial.should_prune():

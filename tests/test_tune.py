@@ -126,8 +126,18 @@ def test_a_pruned_trial_continued_by_its_number_equals_an_unpruned_run(studied: 
     )
     assert_same_export(summary["export"], reference)
     assert any(row["note"] == f"continues trial {pruned.number}" for row in outcome["rows"])
-    again = _tune(space, continue_trials=[pruned.number])  # asked twice: continued once
+    registry = {"registry_root": str(space["root"] / "registry"), "model_name": "tuned"}
+    again = _tune(space, continue_trials=[pruned.number], registry=registry)  # asked twice: continued once
     assert len(_trials(space)) == 4 and len(again["rows"]) == 4
+    assert again["registered"]["new"] and again["registered"]["version"] == "v000001"
+    lineage = json.loads((Path(again["registered"]["uri"]) / "lineage.json").read_text())
+    assert (lineage["study_key"], lineage["trial"], lineage["value"]) == (
+        "tiny",
+        again["best"]["trial"],
+        again["best"]["value"],
+    )
+    once = _tune(space, registry=registry)  # a study run again registers nothing twice
+    assert once["registered"] == {**again["registered"], "new": False}
 
 
 def test_one_slot_proposes_the_same_trials_in_the_same_order_for_a_seed(tmp_path: Path) -> None:
