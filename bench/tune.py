@@ -2,9 +2,10 @@
 proposals, successive-halving pruning at validation points, pruned trials paused) reach the grid's best validation
 F1, within its noise, using at most half of the grid's optimizer updates? Both figures are printed.
 
-    python bench/tune.py                 # the demo's task: 6 grid points of 304 updates, 8 trials (long: see README)
+    python bench/tune.py                 # the demo's task: 6 grid points of 304 updates, 5 trials (long: see README)
     python bench/tune.py --quick         # a smaller task that checks the script (not the claim)
     python bench/tune.py --json out.json
+    python bench/tune.py --grid-from out.json --min-epochs 3   # another study against the same grid (deterministic)
 
 Task: the demo's (``flows.demo``): ``tiny:span:64x2:deberta``, 300 generated training records (seed 1), 40
 validation records (seed 2), batches of 8, 8 epochs (304 updates), encoder lr 1e-3, validation every epoch, selection
@@ -18,8 +19,9 @@ heads' learning rate, the setting a fresh corpus most needs), 1 torch thread eve
   augmentation); the spread (sample standard deviation) of its selected F1 over those runs and the grid's own.
 - study: ``tune_flow`` in this process (trials one at a time, as ``prefect-gliner2 tune`` runs them) against a
   local Prefect server, ``task_lr`` log-uniform over the grid's range, TPE after ``STARTUP`` random trials,
-  successive halving from 1 epoch's updates with reduction factor 3 (pause points at epochs 1 and 3), ``--trials``
-  trials. Updates: the steps each trial's run trained (a run is counted once however many trials touch it).
+  successive halving from ``--min-epochs`` epochs' updates with reduction factor ``--reduction`` (defaults 2 and 2:
+  pause points at epochs 2 and 4; at epoch 1 every point's F1 is still 0), ``--trials`` trials. Updates: the steps
+  each trial's run trained (a run is counted once however many trials touch it).
 
 Printed: the grid (F1 per point), the study's leaderboard, then the two figures side by side: best F1 and updates,
 and whether the study is within the noise (best >= grid best - 2 x spread) at no more than half the updates.
@@ -47,11 +49,14 @@ QUICK: dict[str, Any] = {"train": 48, "valid": 16, "epochs": 3, "batch": 8}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="a small task: checks the script, not the claim")
-    parser.add_argument("--trials", type=int, default=8, help="study trials (default 8)")
+    parser.add_argument("--trials", type=int, default=5, help="study trials (default 5)")
+    parser.add_argument("--min-epochs", type=int, default=2, help="the first pause point, in epochs (default 2)")
+    parser.add_argument("--reduction", type=int, default=2, help="successive halving's reduction factor")
     parser.add_argument("--noise-seeds", type=int, default=2, help="extra seeds of the grid's best point")
     parser.add_argument("--seed", type=int, default=0, help="the study's sampler seed")
     parser.add_argument("--dir", help="working directory (default: a temporary one)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--grid-from", help="take the grid and noise runs from an earlier --json of the same task")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -59,14 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.dir or tempfile.mkdtemp(prefix="bench-tune-"))
     data = _data(root, task)
     config = _config(task)
-    started = time.monotonic()
-    grid = [_direct(data, {**config, "task_lr": lr}) | {"task_lr": lr} for lr in GRID]
-    grid_s = time.monotonic() - started
-    best = max(grid, key=lambda point: point["best"])
-    noise = [best["best"]] + [
-        _direct(data, {**config, "task_lr": best["task_lr"], "seed": config["seed"] + k})["best"]
-        for k in range(1, args.noise_seeds + 1)
-    ]
+    grid, noise, grid_s = _grid(data, config, task, args)
     started = time.monotonic()
     study = _study(root, data, config, task, args)
     study_s = time.monotonic() - started
@@ -75,6 +73,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"task": task, "grid": grid, "study": study, **figures}, indent=1))
     return 0
+
+
+def _grid(
+    data: dict[str, str], config: dict[str, Any], task: dict[str, Any], args: Any
+) -> tuple[list[dict[str, Any]], list[float], float]:
+    """The grid's points and the noise runs of its best point: trained here, or read from an earlier run's JSON
+    (the runs are deterministic: the same task gives the same numbers)."""
+    if args.grid_from:
+        earlier = json.loads(Path(args.grid_from).read_text())
+        if earlier["task"] != task or [p["task_lr"] for p in earlier["grid"]] != list(GRID):
+            raise SystemExit(f"{args.grid_from} holds another task or grid; run the grid again")
+        return earlier["grid"], earlier["noise_runs"], float(earlier["grid_seconds"])
+    started = time.monotonic()
+    grid = [_direct(data, {**config, "task_lr": lr}) | {"task_lr": lr} for lr in GRID]
+    grid_s = time.monotonic() - started
+    best = max(grid, key=lambda point: point["best"])
+    noise = [best["best"]] + [
+        _direct(data, {**config, "task_lr": best["task_lr"], "seed": config["seed"] + k})["best"]
+        for k in range(1, args.noise_seeds + 1)
+    ]
+    return grid, noise, grid_s
 
 
 def _data(root: Path, task: dict[str, Any]) -> dict[str, str]:
@@ -134,7 +153,11 @@ def _study(root: Path, data: dict[str, str], config: dict[str, Any], task: dict[
     per_epoch = -(-task["train"] // task["batch"])
     space = {
         "params": {"task_lr": {"type": "float", "low": GRID[0], "high": GRID[-1], "log": True}},
-        "pruner": {"type": "successive_halving", "min_resource": per_epoch, "reduction_factor": 3},
+        "pruner": {
+            "type": "successive_halving",
+            "min_resource": per_epoch * args.min_epochs,
+            "reduction_factor": args.reduction,
+        },
         "sampler": {"type": "tpe", "n_startup_trials": STARTUP},
     }
     base = {"model": MODEL, "train_data": data["train"], "valid_data": data["valid"], "config": config}
@@ -144,7 +167,7 @@ def _study(root: Path, data: dict[str, str], config: dict[str, Any], task: dict[
             base=base,
             space=space,
             trials=args.trials,
-            study_key="bench",
+            study_key=f"bench-{args.min_epochs}x{args.reduction}",
             study_storage_url=f"sqlite:///{root}/studies.db",
             deployment=None,
             seed=args.seed,
