@@ -21,7 +21,10 @@ heads' learning rate, the setting a fresh corpus most needs), 1 torch thread eve
   local Prefect server, ``task_lr`` log-uniform over the grid's range, TPE after ``STARTUP`` random trials,
   successive halving from ``--min-epochs`` epochs' updates with reduction factor ``--reduction`` (defaults 2 and 2:
   pause points at epochs 2 and 4; at epoch 1 every point's F1 is still 0), ``--trials`` trials. Updates: the steps
-  each trial's run trained (a run is counted once however many trials touch it).
+  each trial's run trained (a run is counted once however many trials touch it). Then the study continues its most
+  promising pruned trial to its end (``--continue-best``, default 1; ``continue_best`` of the flow): at the early
+  pause points F1 barely tells the learning rates apart, and a pruned trial paused at a checkpoint costs only the
+  rest of its run to find out.
 
 Printed: the grid (F1 per point), the study's leaderboard, then the two figures side by side: best F1 and updates,
 and whether the study is within the noise (best >= grid best - 2 x spread) at no more than half the updates.
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5, help="study trials (default 5)")
     parser.add_argument("--min-epochs", type=int, default=2, help="the first pause point, in epochs (default 2)")
     parser.add_argument("--reduction", type=int, default=2, help="successive halving's reduction factor")
+    parser.add_argument("--continue-best", type=int, default=1, help="pruned trials the study continues (default 1)")
     parser.add_argument("--noise-seeds", type=int, default=2, help="extra seeds of the grid's best point")
     parser.add_argument("--seed", type=int, default=0, help="the study's sampler seed")
     parser.add_argument("--dir", help="working directory (default: a temporary one)")
@@ -167,10 +171,11 @@ def _study(root: Path, data: dict[str, str], config: dict[str, Any], task: dict[
             base=base,
             space=space,
             trials=args.trials,
-            study_key=f"bench-{args.min_epochs}x{args.reduction}",
+            study_key=f"bench-{args.min_epochs}x{args.reduction}-t{args.trials}",
             study_storage_url=f"sqlite:///{root}/studies.db",
             deployment=None,
             seed=args.seed,
+            continue_best=args.continue_best,
         )
     steps: dict[str, int] = {}
     for row in outcome["rows"]:

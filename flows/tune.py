@@ -17,7 +17,8 @@ time (the embedded default of ``prefect-gliner2 tune``). The objective is the ru
 (``metric_for_best`` of the base config: the metric of the model the run ships), maximized or minimized as the
 config says. Trials pause at validation points where the pruner can decide (``flows.tune_study``); a pruned trial's
 run stays paused at that checkpoint, and ``continue_trials`` (trial numbers) continues such runs exactly, to their
-end, as new trials of the study.
+end, as new trials of the study; ``continue_best=K`` has the study continue its K most promising pruned trials after
+its trials (what early validation points could not tell apart costs only the rest of those runs).
 
 The study lives in Optuna's RDB storage (``study_storage``: any SQLAlchemy URL; default: $PREFECT_GLINER2_STUDY_STORAGE,
 the Prefect server's PostgreSQL when this process is configured with its database URL, else SQLite under
@@ -73,6 +74,7 @@ def tune_flow(
     deployment: str | None = TRAIN_DEPLOYMENT,
     seed: int = 0,
     continue_trials: list[int] | None = None,
+    continue_best: Annotated[int, Field(ge=0)] = 0,
     registry: RegisterSettings | None = None,
     poll_seconds: Annotated[float, Field(gt=0)] = 5.0,
     segment_retries: Annotated[int, Field(ge=0)] = 2,
@@ -91,6 +93,8 @@ def tune_flow(
         deployment: The training deployment that runs trials ("flow-name/deployment-name"); empty: in this process.
         seed: Seeds the sampler (the same trials in the same order with parallel=1).
         continue_trials: Numbers of pruned trials to continue from their pause point to their end.
+        continue_best: After the trials, continue this many of the most promising pruned trials to their end (the
+            furthest trained first, then the best at its pause point); continuations are trials of their own.
         registry: Register the best trial's model as a new version of a registry model.
         poll_seconds: How often to poll the trials' flow runs (on the fleet).
         segment_retries: How often a trial's crashed flow run is retried (it resumes exactly) before it fails.
@@ -117,7 +121,7 @@ def tune_flow(
         runner = StudyRunner(
             study, search, base, study_key, seed=seed, launcher=launcher, trials=trials, greater=greater
         )
-        runner.run(list(continue_trials or ()))
+        runner.run(list(continue_trials or ()), continue_best)
         rows = leaderboard_rows(study.get_trials(deepcopy=False), str(config.metric_for_best), greater)
         publish_leaderboard(study_key, rows)
         best = best_row(rows)

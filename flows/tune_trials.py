@@ -18,10 +18,10 @@ trained after its last checkpoint. One slot: the same trials in the same order; 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from prefect import get_run_logger
-
+from prefect_gliner2.flows.prefect_ui import run_logger
 from prefect_gliner2.flows.sweep import sweep_points
 from prefect_gliner2.flows.tune_segments import Segment
 from prefect_gliner2.flows.tune_study import (
@@ -72,12 +72,19 @@ class StudyRunner:
         self.deferred: list[Segment] = []  # segments whose run key another active trial is training
         self.optuna = optuna_module()
 
-    def run(self, continue_trials: list[int]) -> None:
+    def run(self, continue_trials: list[int], continue_best: int = 0) -> None:
+        """Continue the trials asked for, adopt running ones, run trials to the count, then continue the
+        `continue_best` most promising pruned trials (``_promote``)."""
         for number in continue_trials:
             self._enqueue_continuation(number)
         active: list[Segment] = []
         for frozen in self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)):
             self._start(self._adopt(frozen), active)
+        self._loop(active)
+        if continue_best and self._promote(continue_best):
+            self._loop([])
+
+    def _loop(self, active: list[Segment]) -> None:
         while True:
             while len(active) < self.launcher.slots and self._more():
                 self._start(self._new_trial(), active)
@@ -108,10 +115,10 @@ class StudyRunner:
         if set(frozen.params) != self.names:
             handle.set_user_attr("abandoned", True)
             self.study.tell(frozen.number, state=self.optuna.trial.TrialState.FAIL)
-            get_run_logger().info("trial %d was abandoned before its parameters were recorded", frozen.number)
+            run_logger().info("trial %d was abandoned before its parameters were recorded", frozen.number)
             return None
         reported = max(frozen.intermediate_values, default=None)
-        get_run_logger().info("trial %d was running: it continues from its run's checkpoint", frozen.number)
+        run_logger().info("trial %d was running: it continues from its run's checkpoint", frozen.number)
         return self._first_segment(frozen.number, frozen.params, frozen.user_attrs, reported)
 
     def _first_segment(
@@ -135,6 +142,29 @@ class StudyRunner:
         run_params = {**self.base, "config": point["form"], "run_key": point["run_key"]}
         return Segment(number, point["run_key"], run_params, budget)
 
+    def _promote(self, count: int) -> bool:
+        """Continue the `count` most promising pruned trials to their end (the furthest trained first, then the
+        best at its pause point), as pruned trials paused at a checkpoint allow: what they trained is kept. Trials
+        this study promoted before (an earlier run of it) count. True when one was enqueued."""
+        trials = self.study.get_trials(deepcopy=False)
+        done = sum(1 for t in trials if t.user_attrs.get("promoted"))
+        continued = {t.user_attrs.get("continues") for t in trials}
+        candidates = [t for t in trials if t.state.name == "PRUNED" and t.number not in continued]
+        candidates.sort(key=lambda t: (-max(t.intermediate_values, default=0), self._badness(t), t.number))
+        for trial in candidates[: max(count - done, 0)]:
+            attrs = {"continues": trial.number, "prune": False, "promoted": True}
+            self.study.enqueue_trial(trial.params, user_attrs=attrs)
+            run_logger().info("promoting pruned trial %d: it continues from its checkpoint", trial.number)
+        return count > done and bool(candidates)
+
+    def _badness(self, frozen: Any) -> float:
+        """A pruned trial's value at its pause point, as a sort key (lower is more promising; NaN last)."""
+        values = frozen.intermediate_values
+        value = values[max(values)] if values else math.nan
+        if math.isnan(value):
+            return math.inf
+        return -value if self.greater else value
+
     def _enqueue_continuation(self, number: int) -> None:
         trials = self.study.get_trials(deepcopy=False)
         if not 0 <= number < len(trials):
@@ -146,10 +176,10 @@ class StudyRunner:
             )
         taken = [t.number for t in trials if t.user_attrs.get("continues") == number]
         if taken:
-            get_run_logger().info("trial %d is continued by trial %d already", number, taken[0])
+            run_logger().info("trial %d is continued by trial %d already", number, taken[0])
             return
         self.study.enqueue_trial(trials[number].params, user_attrs={"continues": number, "prune": False})
-        get_run_logger().info("trial %d will be continued to its end from its checkpoint", number)
+        run_logger().info("trial %d will be continued to its end from its checkpoint", number)
 
     # ---- segments -----------------------------------------------------------------------------------------
 
@@ -159,7 +189,7 @@ class StudyRunner:
         if segment.run_key in {a.run_key for a in active}:
             self.deferred.append(segment)  # the same parameters as an active trial: after it, on its checkpoint
             return
-        get_run_logger().info(
+        run_logger().info(
             "trial %d (run %s): training to %s",
             segment.number,
             segment.run_key,
@@ -189,7 +219,7 @@ class StudyRunner:
         trial.set_user_attr("cursor", record["cursor"])
         if _prunes(trial.user_attrs) and trial.should_prune():
             self.study.tell(segment.number, state=self.optuna.trial.TrialState.PRUNED)
-            get_run_logger().info(
+            run_logger().info(
                 "trial %d pruned at step %d: its run %s is paused at checkpoint %s (continue it by its number)",
                 segment.number,
                 record["total_steps"],
@@ -208,12 +238,12 @@ class StudyRunner:
             self._fail(segment.number, f"run {segment.run_key} selected no model (no finite validation metric)")
             return
         self.study.tell(segment.number, float(value))
-        get_run_logger().info("trial %d complete: %s = %s", segment.number, record.get("metric_for_best"), value)
+        run_logger().info("trial %d complete: %s = %s", segment.number, record.get("metric_for_best"), value)
 
     def _fail(self, number: int, why: str) -> None:
         self.handles[number].set_user_attr("error", why[:2000])
         self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
-        get_run_logger().warning("trial %d failed: %s", number, why)
+        run_logger().warning("trial %d failed: %s", number, why)
 
     @staticmethod
     def _note_flow_run(trial: Any, segment: Segment) -> None:

@@ -161,3 +161,31 @@ def test_one_slot_proposes_the_same_trials_in_the_same_order_for_a_seed(tmp_path
     first = proposals(f"sqlite:///{tmp_path}/a.db", reopen=False)
     assert first == proposals(f"sqlite:///{tmp_path}/b.db", reopen=True)
     assert len({json.dumps(p, sort_keys=True) for p in first}) == 5
+
+
+def test_the_study_promotes_the_furthest_trained_then_best_pruned_trials_once(tmp_path: Path) -> None:
+    """Control flow only (no training): which pruned trials ``continue_best`` continues, and that an earlier
+    promotion counts when the study runs again."""
+    from prefect_gliner2.flows.tune_study import Resources, distributions
+    from prefect_gliner2.flows.tune_trials import StudyRunner
+
+    optuna = optuna_module()
+    space = parse_search_space(SPACE)
+    study = open_study("p", f"sqlite:///{tmp_path}/p.db", space, Resources(2, 6), {"k": 1}, maximize=False)
+    pruned = [({1: 0.5, 2: 0.4}, 0.1), ({1: 0.3, 2: 0.2}, 0.2), ({1: 0.1}, 0.3), ({1: 0.6, 2: float("nan")}, 0.4)]
+    for values, lr in pruned:  # eval_loss: lower is better
+        params = {"encoder_lr": lr * 1e-1, "task_lr": lr * 1e-1}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=distributions(space),
+                intermediate_values=values,
+                state=optuna.trial.TrialState.PRUNED,
+            )
+        )
+    runner = StudyRunner(study, space, {}, "p", seed=0, launcher=None, trials=4, greater=False)
+    assert runner._promote(2)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs["continues"] for t in waiting] == [1, 0]  # step 2 first (0.2 < 0.4, NaN last), then step 1
+    assert all(t.user_attrs["promoted"] and t.user_attrs["prune"] is False for t in waiting)
+    assert not runner._promote(2), "promoted by an earlier run of the study: not again"

@@ -49,6 +49,9 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--continue-trial", type=int, action="append", default=[], help="continue this pruned trial (repeatable)"
     )
+    parser.add_argument(
+        "--continue-best", type=int, default=0, help="after the trials, continue the K most promising pruned ones"
+    )
     parser.add_argument("--register-root", help="register the best trial's model in this registry")
     parser.add_argument("--register-name", help="... under this model name")
     parser.add_argument("--cpu-threads", type=positive, help="torch threads in each trial's worker")
@@ -114,6 +117,7 @@ def _parameters(args: Any, base: dict[str, Any], space: dict[str, Any]) -> dict[
         "deployment": args.deployment,
         "seed": args.seed,
         "continue_trials": args.continue_trial,
+        "continue_best": args.continue_best,
     }
     if args.register_root:
         parameters["registry"] = {"registry_root": args.register_root, "model_name": args.register_name}
