@@ -136,6 +136,8 @@ def tune_flow(
 def check_study(base: dict[str, Any], search: SearchSpace, study_key: str) -> TrainingConfig:
     """The base config, checked with the space before any training: trials validate, and every bound and choice
     makes a valid run (the sweep's checks of the base parameters included)."""
+    if "pause_at_step" in base:
+        raise ConfigError("the study pauses each trial's run where its pruner decides: remove pause_at_step from base")
     [point] = sweep_points(base, None, [{}], study_key)
     config = TrainingConfig.from_dict(point["config"])
     if not base.get("valid_data") or config.eval_strategy == "no":

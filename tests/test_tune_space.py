@@ -136,6 +136,8 @@ def test_a_study_without_validation_is_refused(tmp_path: Path) -> None:
         check_study(base, space, "s")
     with pytest.raises(ConfigError, match=r"base sets \['run_key'\]"):
         check_study({**base, "run_key": "mine"}, space, "s")
+    with pytest.raises(ConfigError, match="remove pause_at_step from base"):
+        check_study({**base, "pause_at_step": 3}, space, "s")
 
 
 def test_the_command_refuses_a_bad_space_before_anything_starts(
