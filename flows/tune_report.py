@@ -22,7 +22,8 @@ _ORDER = {"COMPLETE": 0, "PRUNED": 1, "RUNNING": 2, "FAIL": 3, "WAITING": 4}
 
 def leaderboard_rows(trials: list[Any], metric: str, greater: bool) -> list[dict[str, Any]]:
     """One row per trial, best first (see the module docstring)."""
-    rows = [_row(trial, metric) for trial in trials]
+    by = {t.user_attrs["continues"]: t.number for t in trials if "continues" in t.user_attrs}
+    rows = [_row(trial, metric, by.get(trial.number)) for trial in trials]
 
     def order(row: dict[str, Any]) -> tuple[int, float, int]:
         value = row["value"]
@@ -36,7 +37,7 @@ def leaderboard_rows(trials: list[Any], metric: str, greater: bool) -> list[dict
     return rows
 
 
-def _row(trial: Any, metric: str) -> dict[str, Any]:
+def _row(trial: Any, metric: str, continued_by: int | None) -> dict[str, Any]:
     attrs = trial.user_attrs
     runs = attrs.get("flow_runs") or []
     value = trial.value if trial.value is not None else _last_intermediate(trial)
@@ -50,7 +51,7 @@ def _row(trial: Any, metric: str) -> dict[str, Any]:
         "run_key": attrs.get("run_key"),
         "flow_run": _flow_run_link(runs[-1]) if runs else None,
         "export": attrs.get("export") if trial.state.name == "COMPLETE" else None,
-        "note": _note(trial),
+        "note": _note(trial, continued_by),
     }
 
 
@@ -59,12 +60,14 @@ def _last_intermediate(trial: Any) -> float | None:
     return values[max(values)] if values else None
 
 
-def _note(trial: Any) -> str:
+def _note(trial: Any, continued_by: int | None) -> str:
     attrs, state = trial.user_attrs, trial.state.name
     parts = []
     if "continues" in attrs:
         parts.append(f"continues trial {attrs['continues']}")
-    if state == "PRUNED":
+    if state == "PRUNED" and continued_by is not None:
+        parts.append(f"pruned at checkpoint {attrs.get('checkpoint')}; continued by trial {continued_by}")
+    elif state == "PRUNED":
         parts.append(f"paused at checkpoint {attrs.get('checkpoint')}: continue it with its trial number")
     if state == "FAIL":
         parts.append(str(attrs.get("error") or ("abandoned before training" if attrs.get("abandoned") else "")))

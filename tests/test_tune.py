@@ -125,7 +125,9 @@ def test_a_pruned_trial_continued_by_its_number_equals_an_unpruned_run(studied: 
         space["span"], space["inputs"], {**CONFIG, **pruned.params}, space["root"] / "unpruned"
     )
     assert_same_export(summary["export"], reference)
-    assert any(row["note"] == f"continues trial {pruned.number}" for row in outcome["rows"])
+    notes = {row["trial"]: row["note"] for row in outcome["rows"]}
+    assert notes[continued.number] == f"continues trial {pruned.number}"
+    assert notes[pruned.number].endswith(f"continued by trial {continued.number}")
     registry = {"registry_root": str(space["root"] / "registry"), "model_name": "tuned"}
     again = _tune(space, continue_trials=[pruned.number], registry=registry)  # asked twice: continued once
     assert len(_trials(space)) == 4 and len(again["rows"]) == 4
