@@ -39,6 +39,7 @@ OTHER = {"text", "json", "yaml"}  # outputs, records, files
 TITLED = re.compile(r'(?P<language>\w+) title="(?P<title>[^"]+)"$\n', re.MULTILINE)
 SKIP = re.compile(r"<!--\s*skip:\s*(?P<action>\w+)(?P<reason>[^\n]*?)\s*-->")
 TESTED_IN = re.compile(r"tested in (?P<file>tests/[\w/]+\.py)(?:::(?P<test>\w+))?")
+SAME_AS = re.compile(r"the same commands? as (?P<page>[\w/.-]+\.md), where (it runs|they run)")
 FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$", re.MULTILINE)
 
 _CONTEXT: dict[str, str] = {}  # the Prefect API URL the bash blocks use, set by the test before each block
@@ -169,39 +170,62 @@ def test_every_fence_names_a_language_and_only_python_and_bash_hold_code() -> No
 
 
 def test_every_skip_says_why_and_names_real_tests() -> None:
+    """A skip names why; a test it names exists; a block skipped as "the same command as PAGE" is run there."""
     problems = []
     for path in PAGES:
         text = path.read_text(encoding="utf-8")
+        blocks = list(_blocks(path))
         for match in SKIP.finditer(text):
-            where = _where(path, text.count("\n", 0, match.start()) + 1)
+            line = text.count("\n", 0, match.start()) + 1
+            where = _where(path, line)
             reason = match["reason"].strip()
             if match["action"] != "next" or not re.fullmatch(r'"[^"]{10,}"', reason):
-                problems.append(f"{where}: use <!-- skip: next \"why it cannot run here\" -->, not {match[0]}")
+                problems.append(f'{where}: use <!-- skip: next "why it cannot run here" -->, not {match[0]}')
             for tested in TESTED_IN.finditer(reason):
                 test_file = ROOT / tested["file"]
                 if not test_file.is_file():
                     problems.append(f"{where}: no {tested['file']}")
                 elif tested["test"] and f"def {tested['test']}(" not in test_file.read_text(encoding="utf-8"):
                     problems.append(f"{where}: no test {tested['test']} in {tested['file']}")
+            same = SAME_AS.search(reason)
+            if same:
+                skipped = next(body for start, _, body in blocks if start > line)
+                ran = _run_commands(ROOT / same["page"])
+                missing = [shlex.join(c) for c in _commands(skipped) if tuple(c) not in ran]
+                problems += [f"{where}: {same['page']} runs no {command}" for command in missing]
     assert not problems, "\n".join(problems)
+
+
+def _run_commands(path: Path) -> set[tuple[str, ...]]:
+    """The commands of a page's bash blocks that run (no skip before them)."""
+    text = path.read_text(encoding="utf-8")
+    skips = [text.count("\n", 0, match.start()) + 1 for match in SKIP.finditer(text)]
+    starts = [line for line, _, _ in _blocks(path)]
+    skipped = {min((s for s in starts if s > skip), default=0) for skip in skips}
+    return {
+        tuple(command)
+        for line, info, body in _blocks(path)
+        if info == "bash" and line not in skipped
+        for command in _commands(body)
+    }
 
 
 def _commands(script: str) -> Iterator[list[str]]:
     """The simple commands of a bash block: continuations joined, comments dropped, split at ; && || | and lines."""
-    lexer = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars=";&|")
-    lexer.whitespace = " \t\r"
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    command: list[str] = []
-    for token in lexer:
-        if token in {"\n", ";", "&&", "||", "|", "&"} or set(token) <= set(";&|\n"):
-            if command:
-                yield command
-            command = []
-        else:
-            command.append(token)
-    if command:
-        yield command
+    for line in script.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        command: list[str] = []
+        for token in lexer:
+            if set(token) <= set(";&|"):
+                if command:
+                    yield command
+                command = []
+            else:
+                command.append(token)
+        if command:
+            yield command
 
 
 def _make_targets() -> set[str]:
@@ -230,7 +254,7 @@ def test_every_documented_command_exists_and_parses() -> None:
                         parser.parse_args(argv[1:])
                     except SystemExit:
                         problems.append(f"{where}: {shlex.join(argv)} does not parse")
-                elif program == "make" and not set(argv[1:]) <= targets:
+                elif program == "make" and not set(argv[1:]) <= targets:  # make TARGET...
                     problems.append(f"{where}: {shlex.join(argv)}: no such Makefile target")
                 elif program in {"python", "python3"} and argv[1:2] == ["-m"]:
                     if importlib.util.find_spec(argv[2]) is None:
