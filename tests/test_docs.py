@@ -39,7 +39,7 @@ OTHER = {"text", "json", "yaml"}  # outputs, records, files
 TITLED = re.compile(r'(?P<language>\w+) title="(?P<title>[^"]+)"$\n', re.MULTILINE)
 SKIP = re.compile(r"<!--\s*skip:\s*(?P<action>\w+)(?P<reason>[^\n]*?)\s*-->")
 TESTED_IN = re.compile(r"tested in (?P<file>tests/[\w/]+\.py)(?:::(?P<test>\w+))?")
-SAME_AS = re.compile(r"the same commands? as (?P<page>[\w/.-]+\.md), where (it runs|they run)")
+SAME_AS = re.compile(r"the same (commands?|code) as (?P<page>[\w/.-]+\.md), where (it runs|they run)")
 FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$", re.MULTILINE)
 
 _CONTEXT: dict[str, str] = {}  # the Prefect API URL the bash blocks use, set by the test before each block
@@ -189,25 +189,24 @@ def test_every_skip_says_why_and_names_real_tests() -> None:
                     problems.append(f"{where}: no test {tested['test']} in {tested['file']}")
             same = SAME_AS.search(reason)
             if same:
-                skipped = next(body for start, _, body in blocks if start > line)
-                ran = _run_commands(ROOT / same["page"])
+                info, skipped = next((info, body) for start, info, body in blocks if start > line)
+                if info == "python":  # the same code: the whole block runs there
+                    if skipped not in _run_blocks(ROOT / same["page"], "python"):
+                        problems.append(f"{where}: {same['page']} runs no python block equal to this one")
+                    continue
+                ran = {tuple(c) for body in _run_blocks(ROOT / same["page"], "bash") for c in _commands(body)}
                 missing = [shlex.join(c) for c in _commands(skipped) if tuple(c) not in ran]
                 problems += [f"{where}: {same['page']} runs no {command}" for command in missing]
     assert not problems, "\n".join(problems)
 
 
-def _run_commands(path: Path) -> set[tuple[str, ...]]:
-    """The commands of a page's bash blocks that run (no skip before them)."""
+def _run_blocks(path: Path, language: str) -> list[str]:
+    """The text of a page's blocks in `language` that run (no skip before them)."""
     text = path.read_text(encoding="utf-8")
-    skips = [text.count("\n", 0, match.start()) + 1 for match in SKIP.finditer(text)]
     starts = [line for line, _, _ in _blocks(path)]
-    skipped = {min((s for s in starts if s > skip), default=0) for skip in skips}
-    return {
-        tuple(command)
-        for line, info, body in _blocks(path)
-        if info == "bash" and line not in skipped
-        for command in _commands(body)
-    }
+    skips = [text.count("\n", 0, match.start()) + 1 for match in SKIP.finditer(text)]
+    skipped = {min((start for start in starts if start > skip), default=0) for skip in skips}
+    return [body for line, info, body in _blocks(path) if info == language and line not in skipped]
 
 
 def _commands(script: str) -> Iterator[list[str]]:
