@@ -37,7 +37,7 @@ BIN = Path(sys.executable).parent  # the venv's console scripts: prefect-gliner2
 CODE = {"python", "bash"}  # fences that hold code: each runs, or follows a skip that says why
 OTHER = {"text", "json", "yaml"}  # outputs, records, files
 TITLED = re.compile(r'(?P<language>\w+) title="(?P<title>[^"]+)"$\n', re.MULTILINE)
-SKIP = re.compile(r"<!--\s*skip:\s*(?P<action>\w+)(?P<reason>[^\n]*?)\s*-->")
+SKIP = re.compile(r"^[ \t]*<!--\s*skip:\s*(?P<action>\w+)(?P<reason>[^\n]*?)\s*-->", re.MULTILINE)
 TESTED_IN = re.compile(r"tested in (?P<file>tests/[\w/]+\.py)(?:::(?P<test>\w+))?")
 SAME_AS = re.compile(r"the same (commands?|code) as (?P<page>[\w/.-]+\.md), where (it runs|they run)")
 FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$", re.MULTILINE)
@@ -130,7 +130,7 @@ def test_snippet(
     try:
         for skip in skips:
             skip.evaluate()
-        if block.region.evaluator is not write_file:
+        if not skips and block.region.evaluator is not write_file:  # code that runs: the suite's Prefect server
             _CONTEXT["api_url"] = request.getfixturevalue("prefect_server")
         block.evaluate()
     finally:
@@ -263,3 +263,21 @@ def test_every_documented_command_exists_and_parses() -> None:
                         if not (ROOT / arg).is_file():
                             problems.append(f"{where}: no file {arg}")
     assert not problems, "\n".join(problems)
+
+
+REPO_PATH = re.compile(
+    r"`((?:prefect_gliner2|session_core|training|runtime|tasks|flows|model_registry|deployments|bench|tests|docs)"
+    r"/[\w/.-]*)`"
+)
+
+
+def test_every_repository_path_a_page_names_exists() -> None:
+    """A module, script or test a page names in backticks is in the repository: a move leaves no stale path."""
+    missing = []
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        for match in REPO_PATH.finditer(text):
+            name = match[1].split("::")[0]
+            if not (ROOT / name).exists():
+                missing.append(f"{_where(path, text.count(chr(10), 0, match.start()) + 1)}: no {name}")
+    assert not missing, "\n".join(missing)
