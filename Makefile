@@ -35,7 +35,7 @@ test-cuda: setup
 
 # The installed namespace maps prefect_gliner2.<pkg> onto the top-level folders (pyproject's package-dir); mypy
 # cannot follow an editable install's import hook, so it checks a symlinked view of that namespace.
-PKGS := session_core runtime tasks flows model_registry deployments
+PKGS := session_core training runtime tasks flows model_registry deployments
 TYPECHECK := build/typecheck
 
 lint: setup

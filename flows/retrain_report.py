@@ -16,6 +16,7 @@ from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT
 from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
 from prefect_gliner2.session_core.metrics import EVAL_KEYS
 from prefect_gliner2.session_core.promotion import PromotionDecision
+from prefect_gliner2.session_core.promotion_report import decision_markdown
 
 __all__ = ["emit_decision", "label_run", "report_decision"]
 
@@ -83,7 +84,7 @@ def report_decision(outcome: dict[str, Any]) -> None:
         key=artifact_key(f"model-{name}", "retrain"),
         markdown=(
             f"# Retraining {name}: candidate {outcome['version']} against current {outcome['previous']}\n\n"
-            f"{decision.to_markdown()}\n"
+            f"{decision_markdown(decision)}\n"
             f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
             f"`{outcome['data_fingerprint'][:16]}`.\n"
         ),

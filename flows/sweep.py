@@ -46,13 +46,17 @@ from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.runtime.prepare import default_storage
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
-from prefect_gliner2.session_core.errors import ConfigError, SweepIncompleteError
+from prefect_gliner2.session_core.errors import ConfigError, TransientError
 
 __all__ = ["SweepIncompleteError", "leaderboard_rows", "retry_point", "sweep_flow", "sweep_outcome", "sweep_points"]
 
 TRAIN_DEPLOYMENT = "gliner2-train/train"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 PER_POINT = frozenset({"run_key", "export_to"})  # train_flow parameters the sweep sets per point
+
+
+class SweepIncompleteError(TransientError):
+    """Some points of a sweep did not complete (transient: retrying the sweep retries them)."""
 
 
 def sweep_points(

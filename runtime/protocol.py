@@ -25,9 +25,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from prefect_gliner2.runtime.errors import permanent_storage_errno, storage_full_error
+from prefect_gliner2.runtime.errors import StorageFullError, WorkerError, permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.faults import FaultPlan
-from prefect_gliner2.session_core.errors import SessionCoreError, StorageFullError, WorkerError
+from prefect_gliner2.session_core.errors import SessionCoreError
 from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
 
 __all__ = [

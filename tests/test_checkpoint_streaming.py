@@ -16,17 +16,17 @@ import safetensors
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import (
+from prefect_gliner2.session_core import checkpoint as checkpoint_mod
+from prefect_gliner2.session_core.checkpoint import digest as digest_mod
+from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint
+from prefect_gliner2.training import (
     CheckpointDamagedError,
     CheckpointError,
     ManagedTraining,
     SessionStateError,
     TrainingSession,
 )
-from prefect_gliner2.session_core import checkpoint as checkpoint_mod
-from prefect_gliner2.session_core.checkpoint import digest as digest_mod
-from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint
-from prefect_gliner2.session_core.state import read_tensors, write_tensors
+from prefect_gliner2.training.state import read_tensors, write_tensors
 
 from support.session import (
     assert_bitwise_equal,

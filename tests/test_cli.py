@@ -17,7 +17,7 @@ from prefect_gliner2.flows.cli import main
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import ROOT, assert_same_export, make_inputs, reference_export, wait_for_marker
@@ -303,7 +303,7 @@ def test_a_config_the_run_would_refuse_is_refused_before_anything_is_written(
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    from prefect_gliner2.training.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("evaluate")
     model = save_tiny_model(root / "model", "span", seed=0)
@@ -319,7 +319,7 @@ def test_evaluate_prints_per_label_scores_and_totals(
 
     from prefect_gliner2.session_core.label_order import shuffle_schema
     from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
-    from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
+    from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES
 
     out = os.path.join(scored["root"], "report.json")
     argv = ["evaluate", "--model", scored["model"], "--data", scored["data"], "--threshold", "0.0", "--json", out]

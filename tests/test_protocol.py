@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.runtime import faults, protocol
-from prefect_gliner2.runtime.errors import is_transient
+from prefect_gliner2.runtime.errors import RunLockedError, StorageFullError, WorkerError, is_transient
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.protocol import (
     Advance,
@@ -29,14 +29,7 @@ from prefect_gliner2.runtime.protocol import (
 )
 from prefect_gliner2.runtime.session_runner import HANDLERS, SessionRunner
 from prefect_gliner2.session_core.checkpoint import read_checkpoint, write_checkpoint
-from prefect_gliner2.session_core.errors import (
-    CheckpointError,
-    ConfigError,
-    RunLockedError,
-    SessionCoreError,
-    StorageFullError,
-    WorkerError,
-)
+from prefect_gliner2.session_core.errors import CheckpointError, ConfigError, SessionCoreError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from gliner2.training.trainer import ExtractorTrainer
 
-from prefect_gliner2.session_core.engine.lora import (
+from prefect_gliner2.training.engine.lora import (
     expected_targets,
     is_adapter_parameter,
     is_peft,
@@ -43,16 +43,20 @@ from prefect_gliner2.session_core.engine.lora import (
     validate_adapter,
     validate_adapter_config,
 )
-from prefect_gliner2.session_core.engine.precision import configure_determinism, native_config, resolve_device
-from prefect_gliner2.session_core.engine.rng import preserved_rng, private_python_rng
-from prefect_gliner2.session_core.engine.setup import configure_sampling
-from prefect_gliner2.session_core.engine.trainer import LOSS_KEYS, Pair, SessionEngine
+from prefect_gliner2.training.engine.precision import configure_determinism, native_config, resolve_device
+from prefect_gliner2.training.engine.rng import preserved_rng, private_python_rng
+from prefect_gliner2.training.engine.setup import configure_sampling
+from prefect_gliner2.training.engine.trainer import LOSS_KEYS, Pair, SessionEngine
 
 # The public path: a checkpoint records its trainer's qualified name (the session's compat "trainer", checked on
 # restore), and checkpoints written before the adapter became a package name this one.
 SessionEngine.__module__ = __name__
+#: The names this trainer had in checkpoints written by earlier layouts (before the torch layer left session_core):
+#: a checkpoint naming one of them was written by this same trainer and restores.
+FORMER_TRAINER_NAMES = frozenset({"prefect_gliner2.session_core.engine.SessionEngine"})
 
 __all__ = [
+    "FORMER_TRAINER_NAMES",
     "LOSS_KEYS",
     "ExtractorTrainer",
     "Pair",
