@@ -7,13 +7,12 @@ from __future__ import annotations
 import ast
 import builtins
 import errno
+import importlib
 import pickle
 import re
 from pathlib import Path
 
 import pytest
-
-import importlib
 
 from prefect_gliner2.runtime.errors import is_transient
 from prefect_gliner2.session_core import errors

@@ -83,7 +83,8 @@ def _walk_imports(path: Path) -> Iterator[Import]:
             yield Import(node.module, lazy, tuple(a.name for a in node.names), node.lineno)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value
-            if text.startswith((f"{NAMESPACE}.", "gliner2.")) and " " not in text and text.replace(".", "").isidentifier():
+            dotted = text.replace(".", "").isidentifier()
+            if text.startswith((f"{NAMESPACE}.", "gliner2.")) and " " not in text and dotted:
                 yield Import(text, True, (), node.lineno)  # a module named in a string: a lazy import
 
 
