@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from prefect_gliner2.flows.context import interrupts_surface
+from prefect_gliner2.flows.prefect_compat import interrupts_surface
 from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job
 from prefect_gliner2.tasks.extract import commit_extraction, extract_chunk
 

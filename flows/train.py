@@ -22,10 +22,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from prefect import flow, get_run_logger
-from prefect.context import FlowRunContext
-from prefect.states import Completed
 
-from prefect_gliner2.flows.context import interrupts_surface, run_hooks
+from prefect_gliner2.flows.context import run_hooks
 from prefect_gliner2.flows.driver import DriveResult, drive
 from prefect_gliner2.flows.events import emit_run_event, emit_start
 from prefect_gliner2.flows.params import (
@@ -35,6 +33,7 @@ from prefect_gliner2.flows.params import (
     TrainingSettings,
     check_runnable,
 )
+from prefect_gliner2.flows.prefect_compat import completed_state, interrupts_surface
 from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
@@ -127,9 +126,11 @@ def train_flow(
             if run.done is not None:
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"
-                return _completed_state(message, run.completed_summary())
+                return cast(dict[str, Any], completed_state(message, run.completed_summary()))
             summary, where = _train(run, checkpointing, execution)
-            return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+            return cast(
+                dict[str, Any], completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+            )
 
 
 def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings) -> tuple[dict[str, Any], str]:
@@ -194,16 +195,3 @@ def _announce_completed(run: OpenRun, summary: dict[str, Any], final: Any) -> No
     checkpoint = run.run_dir.checkpoint_uri(final.checkpoint) if final is not None else None
     payload = {k: summary.get(k) for k in keys} | {"checkpoint": checkpoint}
     emit_run_event(RUN_COMPLETED, run.run_key, run.hooks.flow_run_id, payload)
-
-
-def _completed_state(message: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """The flow run ends in a Completed state whose message is the final position; callers receive `summary`.
-
-    Only on a run's first attempt: after an attempt failed in this process, Prefect 3.9's engine answers a
-    returned State with that attempt's exception (``FlowRunEngine.result`` checks ``_raised`` first), so a retried
-    attempt returns the summary itself and its state message stays Prefect's default.
-    """
-    context = FlowRunContext.get()
-    if context is None or context.flow_run is None or context.flow_run.run_count > 1:
-        return summary
-    return cast(dict[str, Any], Completed(message=message, data=summary))

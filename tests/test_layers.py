@@ -247,3 +247,58 @@ def test_gliner2_internals_are_touched_only_in_the_engine_package() -> None:
 def test_each_layer_package_states_its_rule(name: str) -> None:
     doc = ast.get_docstring(ast.parse((ROOT / name / "__init__.py").read_text(encoding="utf-8")))
     assert doc and "test_layers.py" in doc
+
+
+#: What Prefect does beyond a documented API effect, as the names code uses to rely on it (flows/prefect_compat.py
+#: draws each rule with the test that pins it).
+PREFECT_RULE_NAMES = frozenset(
+    {
+        "FlowRunContext",
+        "TaskRunContext",
+        "get_run_context",
+        "get_settings_context",
+        "TerminationSignal",
+        "EventsWorker",
+        "APILogWorker",
+        "drain_all",
+        "empirical_policy",
+        "run_count",
+        "resuming",
+        "AwaitingRetry",
+        "event_hooks",
+        "PREFECT_CLIENT_MAX_RETRIES",
+        "SetStateStatus",
+    }
+)
+PREFECT_COMPAT = f"{NAMESPACE}.flows.prefect_compat"
+
+
+def _code_names(path: Path) -> Iterator[tuple[int, str]]:
+    """Every identifier, attribute, imported name and keyword argument in `path`'s code (not its comments or
+    docstrings), and every short string constant (a dict key such as ``{"resuming": True}``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield node.lineno, alias.name.rsplit(".", 1)[-1]
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield getattr(node, "lineno", 0), node.arg
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            yield node.lineno, node.value
+
+
+def test_prefect_rules_are_relied_on_only_in_the_compat_module() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for module, path in MODULES.items()
+        if module != PREFECT_COMPAT
+        for line, name in _code_names(path)
+        if name in PREFECT_RULE_NAMES
+    ]
+    assert wrong == [], f"Prefect rules relied on outside flows/prefect_compat.py: {wrong}"
+    found = {name for _, name in _code_names(MODULES[PREFECT_COMPAT])}
+    assert PREFECT_RULE_NAMES - found <= {"TaskRunContext", "get_run_context"}, "the list names what the module uses"
