@@ -127,7 +127,15 @@ class Extractor:
     """A loaded model asked with one set of thresholds: ``extract(texts, schemas)`` -> (results, chunks per text)."""
 
     def __init__(
-        self, ref: ModelRef, *, threshold: float, per_label: Any, batch_size: int, chunk_size: int, chunk_overlap: int
+        self,
+        ref: ModelRef,
+        *,
+        threshold: float,
+        per_label: Any,
+        batch_size: int,
+        chunk_size: int,
+        chunk_overlap: int,
+        spans: bool = False,
     ) -> None:
         from gliner2.processing.word_splitter import word_splitter_from
 
@@ -137,6 +145,7 @@ class Extractor:
         self.batch_size = batch_size
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
+        self.spans = spans  # each entity with its offsets and confidence (what annotation formats need)
         self._splitter = word_splitter_from(self.model)
         self._schemas: dict[str, Any] = {}
 
@@ -163,6 +172,8 @@ class Extractor:
                     asked[0] if all(schema is asked[0] for schema in asked) else asked,
                     batch_size=self.batch_size,
                     threshold=self.threshold,
+                    include_confidence=self.spans,
+                    include_spans=self.spans,
                 )
                 for i, result in zip(short, out, strict=True):
                     results[i] = result
@@ -174,6 +185,8 @@ class Extractor:
                     threshold=self.threshold,
                     chunk_size=self.chunk_size,
                     chunk_overlap=self.chunk_overlap,
+                    include_confidence=self.spans,
+                    include_spans=self.spans,
                 )
                 for i, result in zip(long, out, strict=True):
                     results[i] = result
