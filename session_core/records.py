@@ -37,7 +37,7 @@ from prefect_gliner2.session_core.formats.options import FormatOptions
 from prefect_gliner2.session_core.formats.registry import AUTO, NATIVE
 from prefect_gliner2.session_core.record_checks import TEXT_FORMAT_KEYS, check_record, key_problems, suggest
 
-__all__ = ["MAX_LISTED_PROBLEMS", "DataReading", "load_records", "read_data"]
+__all__ = ["MAX_LISTED_PROBLEMS", "DataReading", "load_records", "planner_source", "read_data"]
 
 MAX_LISTED_PROBLEMS = 20
 
@@ -183,6 +183,21 @@ def read_data(
             files.append(reading.describe() + (f" (format detected from {why})" if why else ""))
         source_name = ", ".join(paths) if len(paths) <= 3 else f"{len(paths)} files"
         return DataReading(builder.finish(source_name, allow_empty), files)
+
+
+def planner_source(
+    paths: str | list[str] | None, *, format: str = AUTO, options: FormatOptions | None = None, what: str = "training"
+) -> tuple[Any, list[str]]:
+    """Data files as a planner takes them, and what each converted file was read as: the paths unchanged when every
+    file holds gliner2 records (read later, as always), else the records of every file (``read_data``)."""
+    if not paths:
+        return paths, []
+    listed = [paths] if isinstance(paths, str) else list(paths)
+    options = options or FormatOptions()
+    if all(resolve_format(path, format, options)[0] == NATIVE for path in listed):
+        return paths, []
+    reading = read_data(listed, format=format, options=options, what=what)
+    return reading.records, reading.files
 
 
 def _as_paths(source: Any) -> list[str] | None:

@@ -69,16 +69,9 @@ def format_options(args: Any) -> Any:
 def read_files(paths: list[str] | None, args: Any, what: str) -> Any:
     """``paths`` as the planner takes them: unchanged when every file holds gliner2 records (and no format setting
     is given), else the checked records of every file; says on stderr what each converted file was read as."""
-    from prefect_gliner2.session_core.formats import AUTO, NATIVE, resolve_format
-    from prefect_gliner2.session_core.records import read_data
+    from prefect_gliner2.session_core.records import planner_source
 
-    if not paths:
-        return paths
-    options = format_options(args)
-    fmt = getattr(args, "data_format", AUTO)
-    if all(resolve_format(path, fmt, options)[0] == NATIVE for path in paths):
-        return paths
-    reading = read_data(paths, format=fmt, options=options, what=what)
-    for line in reading.files:
+    source, files = planner_source(paths, format=args.data_format, options=format_options(args), what=what)
+    for line in files:
         print(f"{what} data {line}", file=sys.stderr)
-    return reading.records
+    return source
