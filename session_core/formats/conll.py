@@ -74,7 +74,6 @@ def read(uri: str, options: FormatOptions) -> tuple[list[Document], list[str]]:
 def _sentences(uri: str, options: FormatOptions, problems: Problems) -> list[list[_Token]]:
     sentences: list[list[_Token]] = []
     current: list[_Token] = []
-    needed = max(options.tag_column, options.token_column, -1 - min(options.tag_column, options.token_column)) + 1
     for number, line in text_lines(uri):
         columns = line.split()
         if not columns or columns[0] == DOCSTART:
@@ -82,7 +81,9 @@ def _sentences(uri: str, options: FormatOptions, problems: Problems) -> list[lis
                 sentences.append(current)
             current = []
             continue
-        if len(columns) < needed:
+        n = len(columns)
+        in_range = all(-n <= index < n for index in (options.token_column, options.tag_column))
+        if not in_range or options.token_column % n == options.tag_column % n:
             problems.add(
                 f"line {number}: {len(columns)} column(s) {line.strip()!r}, but the token is in column "
                 f"{options.token_column} and the tag in column {options.tag_column}; pass --tag-column/--token-column "

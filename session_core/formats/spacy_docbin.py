@@ -48,13 +48,12 @@ def read(uri: str, options: FormatOptions) -> tuple[list[Document], list[str]]:
     group_keys: set[str] = set()
     for number, doc in enumerate(docs):
         group_keys.update(doc.spans.keys())
-        if options.spans_key is not None and options.spans_key not in doc.spans:
-            problems.add(f"doc {number}: no span group {options.spans_key!r} (it has {sorted(doc.spans.keys())})")
-            continue
-        found = doc.spans[options.spans_key] if options.spans_key is not None else doc.ents
+        found = doc.spans.get(options.spans_key, ()) if options.spans_key is not None else doc.ents
         spans = tuple(Span(s.start_char, s.end_char, options.label(s.label_)) for s in found)
         tokens = tuple((t.idx, t.idx + len(t.text)) for t in doc)
         documents.append(Document(doc.text, spans, tokens=tokens, where=f"{uri} doc {number}").normalized())
+    if options.spans_key is not None and options.spans_key not in group_keys:
+        problems.add(f"no doc has the span group {options.spans_key!r} (the groups are {sorted(group_keys)})")
     if options.spans_key is None and group_keys and not any(d.spans for d in documents):
         problems.add(
             f"no doc has entities (doc.ents) but span groups {sorted(group_keys)} exist; pass --spans-key to read one"
