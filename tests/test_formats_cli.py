@@ -269,3 +269,28 @@ def _conll(root: Path, text: str, tags: str) -> str:
     path = root / "one.conll"
     path.write_text("".join(f"{t} {g}\n" for t, g in zip(text.split(), tags.split(), strict=True)))
     return str(path)
+
+
+def test_the_run_form_takes_the_same_format_settings(tmp_path: Path) -> None:
+    """train_flow's data_format parameter (DataSettings) validates on the form and reads files as the CLI does."""
+    from prefect_gliner2.flows.data_params import DataSettings
+    from prefect_gliner2.flows.train import train_flow
+
+    path = tmp_path / "chunks.conll"
+    path.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n")
+    params = {"model": "tiny:span", "train_data": str(path), "data_format": {"format": "conll", "tag_column": 2}}
+    validated = train_flow.validate_parameters(params)
+    settings = validated["data_format"]
+    assert isinstance(settings, DataSettings) and settings.options().tag_column == 2
+    records, files = settings.source(str(path), "training")
+    assert records == load_records(str(path), format="conll", options=settings.options())
+    assert records.example(0)["output"]["entities"] == {
+        "NP": [{"text": "EU", "start": 0, "end": 2}],
+        "VP": [{"text": "rejects", "start": 3, "end": 10}],
+    }
+    assert files[0].startswith(f"{path}: 1 document(s) as conll")
+    native = tmp_path / "native.jsonl"
+    native.write_text('{"input": "EU", "output": {"entities": {"org": ["EU"]}}}\n')
+    assert DataSettings().source(str(native), "training") == (str(native), [])  # gliner2 records: paths unchanged
+    with pytest.raises(Exception, match="scheme"):
+        train_flow.validate_parameters({**params, "data_format": {"scheme": "iob9"}})
