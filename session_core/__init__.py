@@ -7,9 +7,10 @@ imports gliner2 and so torch; torch-free planning takes native dicts ``{"input":
 
 Modules: planning (``config`` + ``config_checks``, ``records`` + ``record_checks`` + ``canonical``, ``plan`` +
 ``plan_order`` + ``plan_types``, ``manifest``, ``storage`` + ``commits`` + ``tempcopies``, ``layout``,
-``checkpoint/``), the session (``session`` + ``session_checkpoint``, ``managed`` + ``managed_export``, ``weights``,
-``state``), the engine adapter over gliner2 (``engine/``, the only
-code that touches gliner2 internals), scoring, and the offline tiny models (``tiny/``).
+``checkpoint/``), annotation formats in and out (``formats/``: CoNLL/BIO, spaCy, Label Studio, doccano), the
+session (``session`` + ``session_checkpoint``, ``managed`` + ``managed_export``, ``weights``, ``state``), the engine
+adapter over gliner2 (``engine/``, the only code that touches gliner2 internals), scoring, and the offline tiny
+models (``tiny/``).
 
 Exceptions: every exception the product raises is in ``prefect_gliner2.session_core.errors``, whose docstring draws
 the tree: PrefectGliner2Error, with the deterministic SessionCoreError branch (ConfigError, RecordError, ManifestError,

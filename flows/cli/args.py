@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from prefect_gliner2.flows.cli.format_args import format_arguments, read_files
+
 __all__ = [
     "UsageError",
     "check_storage",
@@ -26,8 +28,6 @@ class UsageError(Exception):
 
 def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
     """--model, --train (repeatable), --valid (repeatable), --config, and the data format arguments."""
-    from prefect_gliner2.flows.cli.format_args import format_arguments
-
     parser.add_argument("--model", required=True, help="model directory, Hugging Face id, or tiny:span / tiny:boundary")
     parser.add_argument(
         "--train", required=True, action="append", help="training data path or URL, in any --format (repeatable)"
@@ -89,7 +89,6 @@ def inputs(args: Any) -> tuple[Any, Any, Any]:
     import fsspec
 
     from prefect_gliner2.flows.cli.first_run import training_config
-    from prefect_gliner2.flows.cli.format_args import read_files
     from prefect_gliner2.runtime.model_sources import check_model_source
 
     check_model_source(args.model)

@@ -47,8 +47,8 @@ def format_arguments(parser: argparse.ArgumentParser, *, flag: str = "--format")
 
 
 def format_options(args: Any) -> Any:
-    """The FormatOptions the arguments ask for (exit 2 on a malformed --map-label)."""
-    from prefect_gliner2.flows.cli.args import UsageError
+    """The FormatOptions the arguments ask for (a FormatError, exit 2, on a malformed --map-label)."""
+    from prefect_gliner2.session_core.errors import FormatError
     from prefect_gliner2.session_core.formats import FormatOptions
 
     values: dict[str, Any] = {}
@@ -59,7 +59,7 @@ def format_options(args: Any) -> Any:
     for item in getattr(args, "map_label", None) or []:
         old, sep, new = item.partition("=")
         if not sep or not old or not new.strip():
-            raise UsageError(f"--map-label {item!r}: pass OLD=NEW, e.g. PER=person")
+            raise FormatError(f"--map-label {item!r}: pass OLD=NEW, e.g. PER=person")
         mapping[old] = new
     if mapping:
         values["label_map"] = mapping
