@@ -56,7 +56,7 @@ def read(uri: str, options: FormatOptions) -> tuple[list[Document], list[str]]:
         notes.append(f"tag scheme {scheme} (detected: {why}; pass --scheme to choose)")
     documents = []
     for sentence in sentences:
-        spans = _decode(sentence, scheme, uri, problems)
+        spans = _Decoder(sentence, scheme, problems).decode()
         if spans is None:
             continue
         starts, text = [], ""
@@ -112,91 +112,71 @@ def detect_scheme(sentences: Sequence[Sequence[_Token]]) -> tuple[str, str]:
     return "iob2", "every entity opens with B-"
 
 
-def _decode(sentence: Sequence[_Token], scheme: str, uri: str, problems: Problems) -> list[tuple[int, int, str]] | None:
-    """(first token, end token, label) of every entity, or None after recording the sentence's problems."""
-    spans: list[tuple[int, int, str]] = []
-    open_at, open_label = -1, ""
-    bad = False
+class _Decoder:
+    """Tags of one sentence into entities ``(first token, end token, label)``; problems go to ``problems``."""
 
-    def close(end: int) -> None:
-        nonlocal open_at
-        if open_at >= 0:
-            spans.append((open_at, end, open_label))
-        open_at = -1
+    def __init__(self, sentence: Sequence[_Token], scheme: str, problems: Problems) -> None:
+        self.sentence, self.scheme, self.problems = sentence, scheme, problems
+        self.closing = scheme in ("bioes", "bilou")  # an entity must end with E-/L- (or be one S-/U- token)
+        self.spans: list[tuple[int, int, str]] = []
+        self.open_at, self.open_label, self.bad = -1, "", False
 
-    for i, token in enumerate(sentence):
+    def decode(self) -> list[tuple[int, int, str]] | None:
+        for i, token in enumerate(self.sentence):
+            self._token(i, token)
+        self._unclosed(self.sentence[-1], "at the sentence end")
+        self._close(len(self.sentence))
+        return None if self.bad else self.spans
+
+    def _token(self, i: int, token: _Token) -> None:
         tag = token.tag
         if tag == "O":
-            if open_at >= 0 and scheme in ("bioes", "bilou"):
-                bad = _problem(
-                    problems,
-                    token,
-                    f"entity {open_label!r} opened at line {sentence[open_at].line} "
-                    f"is not closed with {_last(scheme)}-{open_label}",
-                )
-            close(i)
-            continue
-        if not _TAG.match(tag) or tag[0] not in _prefixes(scheme):
-            bad = _problem(
-                problems,
-                token,
-                f"tag {tag!r} is not O or {'/'.join(_prefixes(scheme))}-LABEL (scheme {scheme})",
-                hint=True,
-            )
-            close(i)
-            continue
+            self._unclosed(token, "")
+            self._close(i)
+            return
+        if not _TAG.match(tag) or tag[0] not in _prefixes(self.scheme):
+            what = f"tag {tag!r} is not O or {'/'.join(_prefixes(self.scheme))}-LABEL (scheme {self.scheme})"
+            self._problem(token, what, hint="scheme")
+            self._close(i)
+            return
         prefix, label = tag[0], tag[2:]
-        continues = open_at >= 0 and open_label == label
-        if prefix in _OPENERS[scheme] and not (scheme == "iob1" and prefix == "I" and continues):
-            if open_at >= 0 and scheme in ("bioes", "bilou"):
-                bad = _problem(
-                    problems,
-                    token,
-                    f"entity {open_label!r} opened at line {sentence[open_at].line} is "
-                    f"not closed with {_last(scheme)}-{open_label} before {tag}",
-                )
-            close(i)
-            open_at, open_label = i, label
+        continues = self.open_at >= 0 and self.open_label == label
+        if prefix in _OPENERS[self.scheme] and not (self.scheme == "iob1" and prefix == "I" and continues):
+            self._unclosed(token, f"before {tag}")
+            self._close(i)
+            self.open_at, self.open_label = i, label
         elif not continues:
-            bad = _problem(
-                problems,
-                token,
-                f"{tag} does not continue an entity of label {label!r} (after "
-                f"{sentence[i - 1].tag if i else 'the sentence start'})",
-                hint=True,
-                scheme=scheme,
-            )
-            close(i)
-            continue
-        if scheme in ("bioes", "bilou") and prefix in ("S", "U", "E", "L"):
-            close(i + 1)
-    if open_at >= 0 and scheme in ("bioes", "bilou"):
-        bad = _problem(
-            problems,
-            sentence[-1],
-            f"entity {open_label!r} opened at line {sentence[open_at].line} "
-            f"is not closed with {_last(scheme)}-{open_label} at the sentence end",
-        )
-    close(len(sentence))
-    return None if bad else spans
+            after = self.sentence[i - 1].tag if i else "the sentence start"
+            hint = "iob1" if self.scheme == "iob2" else "scheme"
+            self._problem(token, f"{tag} does not continue an entity of label {label!r} (after {after})", hint=hint)
+            self._close(i)
+            return
+        if self.closing and prefix in ("S", "U", "E", "L"):
+            self._close(i + 1)
+
+    def _close(self, end: int) -> None:
+        if self.open_at >= 0:
+            self.spans.append((self.open_at, end, self.open_label))
+        self.open_at = -1
+
+    def _unclosed(self, token: _Token, where: str) -> None:
+        if self.open_at >= 0 and self.closing:
+            label, line = self.open_label, self.sentence[self.open_at].line
+            last = "E" if self.scheme == "bioes" else "L"
+            self._problem(token, f"entity {label!r} opened at line {line} is not closed with {last}-{label} {where}")
+
+    def _problem(self, token: _Token, what: str, *, hint: str = "") -> None:
+        fix = "fix the tag"
+        if hint == "iob1":
+            fix += ", or read the file as IOB1 (--scheme iob1), where I- may open an entity"
+        elif hint:
+            fix += " or pass the file's --scheme (iob1, iob2, bioes, bilou) and --tag-column"
+        self.problems.add(f"line {token.line} (token {token.text!r}): {what.rstrip()}; {fix}")
+        self.bad = True
 
 
 def _prefixes(scheme: str) -> str:
     return {"iob1": "BI", "iob2": "BI", "bioes": "BIES", "bilou": "BILU"}[scheme]
-
-
-def _last(scheme: str) -> str:
-    return "E" if scheme == "bioes" else "L"
-
-
-def _problem(problems: Problems, token: _Token, what: str, *, hint: bool = False, scheme: str = "") -> bool:
-    fix = "fix the tag"
-    if scheme == "iob2":
-        fix += ", or read the file as IOB1 (--scheme iob1), where I- may open an entity"
-    elif hint:
-        fix += " or pass the file's --scheme (iob1, iob2, bioes, bilou) and --tag-column"
-    problems.add(f"line {token.line} (token {token.text!r}): {what}; {fix}")
-    return True
 
 
 # ---- writing ------------------------------------------------------------------------------------------------
@@ -243,7 +223,7 @@ def _tag_span(tags: list[str], first: int, last: int, label: str, scheme: str) -
     if scheme != "iob1" or (first > 0 and tags[first - 1] != "O" and tags[first - 1][2:] == label):
         tags[first] = f"B-{label}"
     if scheme in ("bioes", "bilou"):
-        tags[last] = f"{_last(scheme)}-{label}"
+        tags[last] = f"{'E' if scheme == 'bioes' else 'L'}-{label}"
 
 
 def _show(document: Document, span: Span) -> str:

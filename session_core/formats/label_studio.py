@@ -213,46 +213,31 @@ def write(
 ) -> bytes:
     tasks = []
     for number, document in enumerate(documents):
-        result: list[dict[str, Any]] = []
-        for i, span in enumerate(document.spans):
-            region: dict[str, Any] = {
-                "id": f"s{number}-{i}",
-                "from_name": FROM_NAME,
-                "to_name": TO_NAME,
-                "type": "labels",
-                "value": {
-                    "start": span.start,
-                    "end": span.end,
-                    "text": document.text[span.start : span.end],
-                    "labels": [span.label],
-                },
-            }
-            if predictions and span.score is not None:
-                region["score"] = span.score
-            result.append(region)
-        for relation in document.relations:
-            result.append(
-                {
-                    "from_id": f"s{number}-{relation.head}",
-                    "to_id": f"s{number}-{relation.tail}",
-                    "type": "relation",
-                    "direction": "right",
-                    "labels": [relation.label],
-                }
-            )
+        result = _results(document, f"s{number}-", predictions)
         task: dict[str, Any] = {"data": {TEXT_KEY: document.text}}
         if document.id is not None:
             task["data"]["id"] = document.id
         if predictions:
             scores = [s.score for s in document.spans if s.score is not None]
-            task["predictions"] = [
-                {
-                    "model_version": model_version,
-                    "score": sum(scores) / len(scores) if scores else 0.0,
-                    "result": result,
-                }
-            ]
+            score = sum(scores) / len(scores) if scores else 0.0
+            task["predictions"] = [{"model_version": model_version, "score": score, "result": result}]
         else:
             task["annotations"] = [{"result": result}]
         tasks.append(task)
     return (json.dumps(tasks, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+
+
+def _results(document: Document, prefix: str, predictions: bool) -> list[dict[str, Any]]:
+    """A document's spans as ``labels`` regions (ids ``prefix`` + index) and its relations between them."""
+    result: list[dict[str, Any]] = []
+    for i, span in enumerate(document.spans):
+        value = {"start": span.start, "end": span.end, "text": document.text[span.start : span.end]}
+        region: dict[str, Any] = {"id": f"{prefix}{i}", "from_name": FROM_NAME, "to_name": TO_NAME, "type": "labels"}
+        region["value"] = {**value, "labels": [span.label]}
+        if predictions and span.score is not None:
+            region["score"] = span.score
+        result.append(region)
+    for relation in document.relations:
+        ends = {"from_id": f"{prefix}{relation.head}", "to_id": f"{prefix}{relation.tail}"}
+        result.append({**ends, "type": "relation", "direction": "right", "labels": [relation.label]})
+    return result
