@@ -24,6 +24,7 @@ from typing import Any, cast
 from prefect import flow, get_run_logger
 
 from prefect_gliner2.flows.context import run_hooks
+from prefect_gliner2.flows.data_params import DataSettings
 from prefect_gliner2.flows.driver import DriveResult, drive
 from prefect_gliner2.flows.events import emit_run_event, emit_start
 from prefect_gliner2.flows.params import (
@@ -51,6 +52,7 @@ TrainingConfigModel = TrainingSettings  # the earlier name of the config paramet
 DEFAULT_CHECKPOINTING = CheckpointSettings()
 DEFAULT_EXECUTION = ExecutionSettings()
 DEFAULT_LEASE = LeaseSettings()
+DEFAULT_DATA = DataSettings()
 
 
 def run_options(
@@ -96,13 +98,14 @@ def train_flow(
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
     lease: LeaseSettings = DEFAULT_LEASE,
+    data_format: DataSettings = DEFAULT_DATA,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
     Args:
         model: A local model directory, a Hugging Face model id, or a built-in tiny:span / tiny:boundary.
-        train_data: JSONL path(s) or fsspec URL(s) of training records; empty to resume an existing run key.
-        valid_data: JSONL path(s) or URL(s) of validation records (enables validation and best-model selection).
+        train_data: Path(s) or fsspec URL(s) of training data (any data_format); empty to resume an existing run key.
+        valid_data: Path(s) or URL(s) of validation data (enables validation and best-model selection).
         config: Training settings of a new run (empty to resume with the recorded ones); precision defaults to fp32.
         run_key: Names the run directory; the same key resumes. Default: derived from the manifest's content.
         storage: fsspec URL or local directory holding run directories (default: $PREFECT_GLINER2_STORAGE, else
@@ -115,10 +118,16 @@ def train_flow(
         checkpointing: When checkpoints are taken, how many are kept and whether they are written in the background.
         execution: Batches per task, operations sent ahead, the device and the worker's CPU threads.
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
+        data_format: The format of train_data and valid_data (auto: detected from each file: CoNLL/BIO, spaCy,
+            Label Studio, doccano or gliner2's records) and that format's settings.
     """
     config_given = config.to_training_config() if config else None
     with interrupts_surface(), spare_worker():
-        prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
+        train, read = data_format.source(train_data, "training")
+        valid, valid_read = data_format.source(valid_data, "validation")
+        for line in read + valid_read:
+            get_run_logger().info("data %s", line)
+        prepared = prepare_run(model, train, valid, config_given, run_key, storage)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
         with open_run(prepared, options, run_hooks()) as run:

@@ -6,7 +6,7 @@ named in a string (``importlib.import_module("prefect_gliner2....")``, a lazy-ex
 - layers point down only: session_core < training < model_registry < runtime < tasks < flows < deployments (the
   top-level ``prefect_gliner2`` package, the curated API, may name any of them lazily);
 - ``session_core`` (the planning layer) imports no torch, transformers, gliner2, safetensors, peft, tokenizers or
-  prefect at all, and numpy/scipy only inside functions (promotion statistics);
+  prefect at all, and numpy/scipy (promotion statistics) and spaCy (reading a DocBin) only inside functions;
 - ``session_core``, ``training``, ``runtime`` and ``model_registry`` import no prefect;
 - no two modules import each other, directly or through others (no cycles, lazy and TYPE_CHECKING imports included);
 - gliner2 beyond its public API (``gliner2`` and ``gliner2.training``, the names they export) is touched only in
@@ -28,7 +28,7 @@ NAMESPACE = "prefect_gliner2"
 #: Bottom to top; a module may import its own layer and the ones before it.
 LAYERS = ("session_core", "training", "model_registry", "runtime", "tasks", "flows", "deployments")
 PLANNING_FORBIDDEN = ("torch", "transformers", "gliner2", "safetensors", "peft", "tokenizers", "prefect")
-PLANNING_LAZY_ONLY = ("numpy", "scipy")
+PLANNING_LAZY_ONLY = ("numpy", "scipy", "spacy")
 PREFECT_FREE = ("session_core", "training", "runtime", "model_registry")
 ENGINE = f"{NAMESPACE}.training.engine"
 #: The one downward exception: session_core's package keeps the session names that moved to the training layer
