@@ -35,7 +35,7 @@ test-cuda: setup
 
 # The installed namespace maps prefect_gliner2.<pkg> onto the top-level folders (pyproject's package-dir); mypy and
 # mkdocstrings cannot follow an editable install's import hook, so they read a symlinked view of that namespace.
-PKGS := session_core runtime tasks flows model_registry deployments
+PKGS := session_core training runtime tasks flows model_registry deployments
 TYPECHECK := build/typecheck
 
 typecheck-view:

@@ -104,7 +104,7 @@ def hash_pass(model: str) -> float:
     write them, hashed, nothing written (median of 3)."""
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.session_core.checkpoint.writer import payload_entry
-    from prefect_gliner2.session_core.state import write_tensors
+    from prefect_gliner2.training.state import write_tensors
 
     tensors = {name: tensor.contiguous() for name, tensor in load_model(model).state_dict().items()}
     times = []

@@ -16,7 +16,7 @@ __all__ = ["load_extractor", "register_extractor_config"]
 
 def register_extractor_config() -> None:
     """Register gliner2's ``ExtractorConfig`` with transformers' ``AutoConfig`` (idempotent)."""
-    from gliner2.configuration import ExtractorConfig
+    from gliner2 import ExtractorConfig
     from transformers import AutoConfig
 
     AutoConfig.register(ExtractorConfig.model_type, ExtractorConfig, exist_ok=True)
@@ -24,7 +24,7 @@ def register_extractor_config() -> None:
 
 def load_extractor(path: str, **kwargs: Any) -> Any:
     """``gliner2.AutoExtractor.from_pretrained(path, **kwargs)`` with the config type registered first."""
-    from gliner2.auto import AutoExtractor
+    from gliner2 import AutoExtractor
 
     register_extractor_config()
     return AutoExtractor.from_pretrained(path, **kwargs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from prefect_gliner2.session_core.tiny.data import GLINER2_SPECIAL_TOKENS, TINY_SPECIAL_TOKENS, tiny_vocab
+from prefect_gliner2.training.tiny.data import GLINER2_SPECIAL_TOKENS, TINY_SPECIAL_TOKENS, tiny_vocab
 
 __all__ = ["build_tiny_tokenizer", "make_fast_tokenizer", "sized_vocab"]
 

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from gliner2.training.trainer import get_scheduler
 
-from prefect_gliner2.session_core.engine.guards import LOSS_COMPONENTS, EngineGuards
-from prefect_gliner2.session_core.engine.lora import unwrap
-from prefect_gliner2.session_core.engine.rng import preserved_rng, private_python_rng
-from prefect_gliner2.session_core.engine.setup import EngineSetup
-from prefect_gliner2.session_core.engine.state import EngineState
 from prefect_gliner2.session_core.errors import TrainingNumericsError
+from prefect_gliner2.training.engine.guards import LOSS_COMPONENTS, EngineGuards
+from prefect_gliner2.training.engine.lora import unwrap
+from prefect_gliner2.training.engine.rng import preserved_rng, private_python_rng
+from prefect_gliner2.training.engine.setup import EngineSetup
+from prefect_gliner2.training.engine.state import EngineState
 
 __all__ = ["LOSS_KEYS", "Pair", "SessionEngine"]
 

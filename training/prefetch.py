@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import prefetch_checkpoint
-from prefect_gliner2.session_core.state import read_tensors
+from prefect_gliner2.training.state import read_tensors
 
 __all__ = ["PREFETCHED_FILES", "prefetch_state"]
 

@@ -9,7 +9,8 @@ hashes the same tensors (``tensors_digest``, the export's ``weights_sha256``) in
 export need not read its weights back to hash them. Everything else gliner2 writes (configs, tokenizer) and every
 call it cannot take over exactly (metadata, tensors sharing memory or not contiguous, a dtype checkpoints cannot
 store, an existing file) goes to safetensors unchanged. Should a later gliner2 write its weights another way, its
-own writer runs and nothing is recorded: the caller hashes the file as before.
+own writer runs and nothing is recorded: the caller hashes the file as before. The rebinding inside gliner2's
+modules is the engine's (``engine.native.save_file_replaced``).
 
 The swap is process-wide while active (the session worker runs one export at a time; other threads' calls for
 other paths go to safetensors unchanged) and always undone.
@@ -26,7 +27,6 @@ Anything else (another digest, another filesystem, a remote export, a failed lin
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -42,8 +42,9 @@ from prefect_gliner2.session_core.checkpoint.writer import payload_entry
 from prefect_gliner2.session_core.direct_io import open_direct
 from prefect_gliner2.session_core.errors import CheckpointError
 from prefect_gliner2.session_core.layout import WEIGHTS_FILE
-from prefect_gliner2.session_core.state import SAFETENSORS_RANK, tensors_digest, write_tensors
 from prefect_gliner2.session_core.storage import is_local, resolve
+from prefect_gliner2.training.engine.native import save_file_replaced
+from prefect_gliner2.training.state import SAFETENSORS_RANK, tensors_digest, write_tensors
 
 __all__ = ["SameBytes", "checkpoint_weights_file", "weights_written_direct"]
 
@@ -115,20 +116,12 @@ def weights_written_direct(directory: Path, same: SameBytes | None = None) -> It
             raise failure[0]
         digests[path.relative_to(root).as_posix()] = digest[0]
 
-    swapped = [(safetensors.torch, "save_file")] + [
-        (module, name)
-        for module_name, module in list(sys.modules.items())
-        if module_name.startswith("gliner2.") and module is not None
-        for name, value in list(vars(module).items())
-        if value is original
-    ]
-    for module, name in swapped:
-        setattr(module, name, save_file)
+    safetensors.torch.save_file = save_file
     try:
-        yield digests
+        with save_file_replaced(original, save_file):
+            yield digests
     finally:
-        for module, name in swapped:
-            setattr(module, name, original)
+        safetensors.torch.save_file = original
 
 
 def _linked(tensors: Mapping[str, torch.Tensor], path: Path, same: SameBytes | None) -> bool:

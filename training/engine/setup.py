@@ -20,8 +20,8 @@ import torch
 from gliner2.training.trainer import ExtractorCollator, ExtractorTrainer
 from gliner2.training.trainer import TrainingConfig as NativeTrainingConfig
 
-from prefect_gliner2.session_core.engine.lora import is_adapter_parameter, is_peft, unwrap, validate_adapter
 from prefect_gliner2.session_core.errors import AdapterMismatchError, ConfigError
+from prefect_gliner2.training.engine.lora import is_adapter_parameter, is_peft, unwrap, validate_adapter
 
 __all__ = ["EngineSetup", "configure_sampling"]
 

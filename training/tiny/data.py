@@ -1,6 +1,6 @@
 """Tiny offline data for tests, benchmarks and demos: the fixed vocabulary and seeded native training records.
 
-Torch-free. The tokenizer and models of `prefect_gliner2.session_core.tiny` are built over this vocabulary;
+Torch-free. The tokenizer and models of `prefect_gliner2.training.tiny` are built over this vocabulary;
 `tiny_records(n, seed)` draws records whose every mention occurs in the text, from private `random.Random` instances
 (never the global stream), so record i depends only on (seed, i).
 """

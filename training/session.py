@@ -24,14 +24,15 @@ from typing import Any
 
 import torch
 
-from prefect_gliner2.session_core import engine as engine_mod
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, write_checkpoint
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, SessionStateError
-from prefect_gliner2.session_core.identity import describe_model
 from prefect_gliner2.session_core.pairs import to_pairs
-from prefect_gliner2.session_core.session_checkpoint import SessionCheckpointing
-from prefect_gliner2.session_core.state import base_weights, weights_digest
+from prefect_gliner2.training import engine as engine_mod
+from prefect_gliner2.training.engine.identity import describe_model
+from prefect_gliner2.training.session_checkpoint import SessionCheckpointing
+from prefect_gliner2.training.state import base_weights, weights_digest
+from prefect_gliner2.training.weights import export_weights, load_weights
 
 logger = logging.getLogger(__name__)
 EngineFactory = Callable[..., engine_mod.SessionEngine]
@@ -61,7 +62,7 @@ class TrainingSession(SessionCheckpointing):
         )
         if not isinstance(self._engine, engine_mod.SessionEngine):
             raise ConfigError(
-                "trainer_factory must return a prefect_gliner2.session_core.engine.SessionEngine (or subclass)"
+                "trainer_factory must return a prefect_gliner2.training.engine.SessionEngine (or subclass)"
             )
         engine_mod.configure_sampling(
             self._engine.processor,
@@ -229,8 +230,6 @@ class TrainingSession(SessionCheckpointing):
 
     def load_weights(self, uri: str) -> dict[str, Any]:
         """Start a new run from weights (native dir, PEFT adapter dir or session checkpoint); optimizer stays fresh."""
-        from prefect_gliner2.session_core.weights import load_weights
-
         with self._lock:
             self._check_usable()
             if not self._fresh:
@@ -248,8 +247,6 @@ class TrainingSession(SessionCheckpointing):
         """Write a native model directory (plus adapter / merged model for LoRA); live weights are untouched.
 
         `before_commit` runs when the files are written, just before they are committed."""
-        from prefect_gliner2.session_core.weights import export_weights
-
         with self._lock:
             self._check_usable()
             return export_weights(self, uri, merged=merged, before_commit=before_commit)

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from prefect_gliner2.session_core import managed_export
 from prefect_gliner2.session_core.checkpoint import FileRef, Payload, open_checkpoint, store_blob, write_checkpoint
 from prefect_gliner2.session_core.errors import (
     EARLY_STOPPING_NEEDS_VALIDATION,
@@ -44,12 +43,13 @@ from prefect_gliner2.session_core.errors import (
 from prefect_gliner2.session_core.evaluation import evaluate_session
 from prefect_gliner2.session_core.layout import BEST_WEIGHTS_FILE, MANAGED_STATE_FILE
 from prefect_gliner2.session_core.metrics import EVAL_KEYS, LOSS_KEYS
-from prefect_gliner2.session_core.native_save import SameBytes
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
-from prefect_gliner2.session_core.session import TrainingSession
-from prefect_gliner2.session_core.session_checkpoint import tensor_file
-from prefect_gliner2.session_core.state import write_tensors
 from prefect_gliner2.session_core.thresholds import Thresholds
+from prefect_gliner2.training import managed_export
+from prefect_gliner2.training.native_save import SameBytes
+from prefect_gliner2.training.session import TrainingSession
+from prefect_gliner2.training.session_checkpoint import tensor_file
+from prefect_gliner2.training.state import write_tensors
 
 MANAGED_KIND = "managed"
 StepCallback = Callable[[int, dict[str, Any]], None]
@@ -365,8 +365,17 @@ class ManagedTraining:
         """Export the best model (default, when validation selected one) or the final model, with its fitted
         thresholds and trained schema: ``managed_export.export_managed`` (`same_bytes`: a local file holding the
         weights' bytes, see ``weights.export_weights``)."""
+        best = (self.best_state, self.best_step) if self.best_state is not None and self.best_step is not None else None
         return managed_export.export_managed(
-            self, uri, which=which, merged=merged, before_commit=before_commit, same_bytes=same_bytes
+            self.session,
+            uri,
+            best=best,
+            fit=self.fit_thresholds,
+            schema=self.trained_schema(),
+            which=which,
+            merged=merged,
+            before_commit=before_commit,
+            same_bytes=same_bytes,
         )
 
     def trained_schema(self) -> dict[str, Any]:

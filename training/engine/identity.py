@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from prefect_gliner2.session_core.engine import unwrap
-from prefect_gliner2.session_core.state import canonical_name
+from prefect_gliner2.training.engine import unwrap
+from prefect_gliner2.training.state import canonical_name
 
 _VOLATILE_CONFIG_KEYS = {
     "_name_or_path",

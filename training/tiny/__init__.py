@@ -26,7 +26,7 @@ the functions, so importing this package costs nothing.
 
 from __future__ import annotations
 
-from prefect_gliner2.session_core.tiny.data import (
+from prefect_gliner2.training.tiny.data import (
     GLINER2_SPECIAL_TOKENS,
     TINY_ENTITY_TYPES,
     TINY_SPECIAL_TOKENS,
@@ -34,8 +34,8 @@ from prefect_gliner2.session_core.tiny.data import (
     tiny_records,
     tiny_vocab,
 )
-from prefect_gliner2.session_core.tiny.encoder import TINY_ENCODERS, build_tiny_encoder_dir, tiny_encoder_config
-from prefect_gliner2.session_core.tiny.models import (
+from prefect_gliner2.training.tiny.encoder import TINY_ENCODERS, build_tiny_encoder_dir, tiny_encoder_config
+from prefect_gliner2.training.tiny.models import (
     BENCH_MODEL_SIZE,
     GLINER2_BASE_SIZE,
     TINY_MODEL_REVISION,
@@ -44,7 +44,7 @@ from prefect_gliner2.session_core.tiny.models import (
     save_tiny_model,
     tiny_boundary_head,
 )
-from prefect_gliner2.session_core.tiny.tokenizer import build_tiny_tokenizer
+from prefect_gliner2.training.tiny.tokenizer import build_tiny_tokenizer
 
 __all__ = [
     "BENCH_MODEL_SIZE",

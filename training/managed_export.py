@@ -19,44 +19,47 @@ from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.scoring import DatasetSchema, inference_schema
 from prefect_gliner2.session_core.threshold_fit import fit_with_model
 from prefect_gliner2.session_core.thresholds import Thresholds
-from prefect_gliner2.session_core.weights import export_weights, state_loaded
+from prefect_gliner2.training.weights import export_weights, state_loaded
 
 if TYPE_CHECKING:
-    from prefect_gliner2.session_core.managed import ManagedTraining
-    from prefect_gliner2.session_core.native_save import SameBytes
-    from prefect_gliner2.session_core.session import TrainingSession
+    from prefect_gliner2.training.native_save import SameBytes
+    from prefect_gliner2.training.session import TrainingSession
 
 __all__ = ["eval_batches", "export_managed", "fit_thresholds", "records_hash", "trained_schema"]
 
 
 def export_managed(
-    training: ManagedTraining,
+    session: TrainingSession,
     uri: str,
     *,
+    best: tuple[dict[str, torch.Tensor], int] | None,
+    fit: Callable[[dict[str, torch.Tensor] | None, int], Thresholds | None],
+    schema: dict[str, Any],
     which: str = "best",
     merged: bool = False,
     before_commit: Callable[[], None] | None = None,
     same_bytes: SameBytes | None = None,
 ) -> dict[str, Any]:
-    """Export the best model (default, when validation selected one) or the final model; export.json names the
-    step its weights come from and, with validation extraction, the thresholds fitted for them (`fit_thresholds`).
+    """Export the `best` model's (state, step) (default, when validation selected one) or the session's final
+    model; export.json names the step its weights come from, the thresholds `fit` gives for them (None without
+    validation extraction) and the trained `schema`.
 
     `before_commit` runs when the export's files are written, just before they are committed; `same_bytes`: see
     ``weights.export_weights``."""
     if which not in ("best", "final"):
         raise ConfigError(f"which must be 'best' or 'final', got {which!r}")
-    best = which == "best" and training.best_state is not None
-    state, step = (training.best_state, training.best_step) if best else (None, training.session.step)
-    fitted = training.fit_thresholds(state, step)
+    chosen = best if which == "best" else None
+    state, step = chosen if chosen is not None else (None, session.step)
+    fitted = fit(state, step)
     return export_weights(
-        training.session,
+        session,
         uri,
         merged=merged,
         state=state,
-        label="best" if best else "final",
+        label="best" if chosen is not None else "final",
         step=step,
         thresholds=fitted.to_dict() if fitted is not None else None,
-        schema=training.trained_schema(),
+        schema=schema,
         before_commit=before_commit,
         same_bytes=same_bytes,
     )

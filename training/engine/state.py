@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from gliner2.training.trainer import ExtractorTrainer
 
-from prefect_gliner2.session_core.engine.lora import unwrap
+from prefect_gliner2.training.engine.lora import unwrap
 
 __all__ = ["EngineState"]
 

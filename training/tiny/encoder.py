@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prefect_gliner2.session_core.tiny.data import check_seed
-from prefect_gliner2.session_core.tiny.tokenizer import build_tiny_tokenizer, sized_vocab
+from prefect_gliner2.training.tiny.data import check_seed
+from prefect_gliner2.training.tiny.tokenizer import build_tiny_tokenizer, sized_vocab
 
 __all__ = ["TINY_ENCODERS", "build_tiny_encoder_dir", "isolated_rng", "tiny_encoder_config"]
 

@@ -1,4 +1,4 @@
-"""The engine adapter: the only package that touches gliner2's native trainer internals.
+"""The engine adapter: the only package that touches gliner2's internals (its trainer's and its models').
 
 `SessionEngine` subclasses gliner2's `ExtractorTrainer` and drives its own methods one bounded operation at a
 time: `_backward_one` for a micro-batch, `_renormalize_partial_accumulation` + `_optimizer_step` for an update,
@@ -25,6 +25,9 @@ Modules, by concern (each says which gliner2 internals it touches):
     lora.py       unwrapping PEFT models, adapter parameters, adapter checks (gliner2's target resolution)
     rng.py        the session's private Python stream for gliner2's preprocessing; blocks that draw nothing
     precision.py  device and precision checks, process-wide determinism, gliner2's public TrainingConfig
+    identity.py   what identifies a model for state compatibility (its classes, shapes, processor sampling)  internals
+    native.py     what the rest of the product uses of gliner2's models: count head, word splitter and chunking,
+                  the tokenizer, the save_file binding native saves go through                             internals
 
 `SessionEngine` composes the three partial trainers (`EngineGuards`, `EngineState`, `EngineSetup`, each an
 `ExtractorTrainer` subclass with no state of its own) ahead of any native trainer subclass a session composes it
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 from gliner2.training.trainer import ExtractorTrainer
 
-from prefect_gliner2.session_core.engine.lora import (
+from prefect_gliner2.training.engine.lora import (
     expected_targets,
     is_adapter_parameter,
     is_peft,
@@ -43,16 +46,20 @@ from prefect_gliner2.session_core.engine.lora import (
     validate_adapter,
     validate_adapter_config,
 )
-from prefect_gliner2.session_core.engine.precision import configure_determinism, native_config, resolve_device
-from prefect_gliner2.session_core.engine.rng import preserved_rng, private_python_rng
-from prefect_gliner2.session_core.engine.setup import configure_sampling
-from prefect_gliner2.session_core.engine.trainer import LOSS_KEYS, Pair, SessionEngine
+from prefect_gliner2.training.engine.precision import configure_determinism, native_config, resolve_device
+from prefect_gliner2.training.engine.rng import preserved_rng, private_python_rng
+from prefect_gliner2.training.engine.setup import configure_sampling
+from prefect_gliner2.training.engine.trainer import LOSS_KEYS, Pair, SessionEngine
 
 # The public path: a checkpoint records its trainer's qualified name (the session's compat "trainer", checked on
 # restore), and checkpoints written before the adapter became a package name this one.
 SessionEngine.__module__ = __name__
+#: The names this trainer had in checkpoints written by earlier layouts (before the torch layer left session_core):
+#: a checkpoint naming one of them was written by this same trainer and restores.
+FORMER_TRAINER_NAMES = frozenset({"prefect_gliner2.session_core.engine.SessionEngine"})
 
 __all__ = [
+    "FORMER_TRAINER_NAMES",
     "LOSS_KEYS",
     "ExtractorTrainer",
     "Pair",

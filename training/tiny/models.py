@@ -14,9 +14,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from prefect_gliner2.session_core.tiny.data import check_seed
-from prefect_gliner2.session_core.tiny.encoder import isolated_rng, tiny_encoder_config
-from prefect_gliner2.session_core.tiny.tokenizer import make_fast_tokenizer, sized_vocab
+from prefect_gliner2.training.tiny.data import check_seed
+from prefect_gliner2.training.tiny.encoder import isolated_rng, tiny_encoder_config
+from prefect_gliner2.training.tiny.tokenizer import make_fast_tokenizer, sized_vocab
 
 __all__ = [
     "ARCHITECTURES",
@@ -91,7 +91,7 @@ def _extractor_config(
     max_width: int,
     boundary_head: Mapping[str, Any] | None,
 ):
-    from gliner2.configuration import ExtractorConfig
+    from gliner2 import ExtractorConfig
 
     common: dict[str, Any] = {
         "model_name": "prefect-gliner2/tiny-bert",  # never resolved: tokenizer and encoder config are passed in
@@ -190,10 +190,12 @@ def _write_model(
         model = model_class(config, encoder_config=encoder_config, tokenizer=tokenizer)
     if arch == "span" and pinned_count is not None:
         pin_count_head(model, pinned_count)
+    from prefect_gliner2.training.engine.native import tokenizer_of
+
     expected = len(sized_vocab(vocab_size))
-    if len(model.processor.tokenizer) != expected:  # pragma: no cover - guards a gliner2 change
+    if len(tokenizer_of(model)) != expected:  # pragma: no cover - guards a gliner2 change
         raise RuntimeError(
-            f"gliner2 grew the tiny tokenizer from {expected} to {len(model.processor.tokenizer)} "
+            f"gliner2 grew the tiny tokenizer from {expected} to {len(tokenizer_of(model))} "
             "tokens; add the new special tokens to GLINER2_SPECIAL_TOKENS"
         )
     path.mkdir(parents=True, exist_ok=True)
@@ -201,24 +203,10 @@ def _write_model(
 
 
 def pin_count_head(model: Any, count: int = 1) -> None:
-    """Make a span model's count head predict ``count`` for every input, as a pretrained head does for a present label.
+    """Make a span model's count head predict ``count`` for every input (``engine.native.pin_count_head``)."""
+    from prefect_gliner2.training.engine.native import pin_count_head as pin
 
-    The head's final linear layer gets zero weights and a bias that is 1.0 at ``count`` and 0.0 elsewhere, so the
-    argmax is ``count`` whatever the embedding. It stays an ordinary trainable layer: tasks that do train the count
-    loss (relations, structures) move it from there. gliner2 itself is not patched.
-    """
-    import torch
-
-    head = getattr(model, "count_pred", None)
-    if head is None:
-        raise ValueError(f"{type(model).__name__} has no count_pred head (only span models have one)")
-    final = head[-1]
-    if not 0 <= count < final.out_features:
-        raise ValueError(f"count must be in [0, {final.out_features}), got {count}")
-    with torch.no_grad():
-        final.weight.zero_()
-        final.bias.zero_()
-        final.bias[count] = 1.0
+    pin(model, count)
 
 
 def build_tiny_model(
@@ -244,7 +232,7 @@ def build_tiny_model(
     pointing at a directory that no longer exists; pass ``directory`` when
     that matters (e.g. PEFT adapters record it).
     """
-    from prefect_gliner2.session_core.extractor_loading import load_extractor
+    from prefect_gliner2.training.extractor_loading import load_extractor
 
     def load(path: Path):
         with isolated_rng(seed):  # loading builds then overwrites weights; keep callers' RNG intact

@@ -17,11 +17,11 @@ import torch
 from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import Checkpoint, Payload
 from prefect_gliner2.session_core.config import TrainingConfig
-from prefect_gliner2.session_core.engine import SessionEngine
 from prefect_gliner2.session_core.errors import CheckpointError, SessionCoreError, StateMismatchError
-from prefect_gliner2.session_core.identity import model_differences
-from prefect_gliner2.session_core.prefetch import PREFETCHED_FILES, prefetch_state
-from prefect_gliner2.session_core.state import (
+from prefect_gliner2.training.engine import FORMER_TRAINER_NAMES, SessionEngine
+from prefect_gliner2.training.engine.identity import model_differences
+from prefect_gliner2.training.prefetch import PREFETCHED_FILES, prefetch_state
+from prefect_gliner2.training.state import (
     bytes_to_object,
     capture_grads,
     capture_rng,
@@ -233,7 +233,9 @@ class SessionCheckpointing:
     def _check_compatible(self, checkpoint: Checkpoint) -> None:
         if checkpoint.meta.get("kind") not in (SESSION_KIND, "managed"):
             raise CheckpointError(f"{checkpoint.uri} is not a training-session checkpoint")
-        saved, here = checkpoint.meta.get("compat", {}), self._compat()
+        saved, here = dict(checkpoint.meta.get("compat", {})), self._compat()
+        if saved.get("trainer") in FORMER_TRAINER_NAMES and here["trainer"] == _current_trainer_name():
+            saved["trainer"] = here["trainer"]  # the same trainer under the name an earlier layout gave it
         diffs = [
             f"{k}: checkpoint {saved.get(k)!r} != session {here[k]!r}"
             for k in ("max_steps", "device_type", "dtype", "cpu_threads", "trainer")
@@ -255,6 +257,10 @@ class SessionCheckpointing:
                 + (f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else "")
                 + ". Recreate the session exactly as the checkpoint's run did, or use load_weights to start a new run"
             )
+
+
+def _current_trainer_name() -> str:
+    return f"{SessionEngine.__module__}.{SessionEngine.__qualname__}"
 
 
 def _host_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

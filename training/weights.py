@@ -19,14 +19,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import fsspec
 import safetensors.torch
 import torch
 
 from prefect_gliner2.session_core.checkpoint import open_checkpoint
-from prefect_gliner2.session_core.engine import unwrap, validate_adapter_config
 from prefect_gliner2.session_core.errors import AdapterMismatchError, WeightsError
 from prefect_gliner2.session_core.layout import (
     ADAPTER_CONFIG_FILE,
@@ -40,8 +39,12 @@ from prefect_gliner2.session_core.layout import (
     MODEL_WEIGHTS_INDEX_FILE,
     WEIGHTS_FILE,
 )
-from prefect_gliner2.session_core.native_save import SameBytes, weights_written_direct
-from prefect_gliner2.session_core.state import (
+from prefect_gliner2.session_core.storage import directory_commit, interrupted_commit, is_local, resolve
+from prefect_gliner2.session_core.tempcopies import TEMP_PREFIX, clean_stale_temp
+from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
+from prefect_gliner2.training.engine import SessionEngine, unwrap, validate_adapter_config
+from prefect_gliner2.training.native_save import SameBytes, weights_written_direct
+from prefect_gliner2.training.state import (
     base_weights,
     canonical_name,
     file_tensors_digest,
@@ -50,12 +53,25 @@ from prefect_gliner2.session_core.state import (
     tensors_digest,
     weights_digest,
 )
-from prefect_gliner2.session_core.storage import directory_commit, interrupted_commit, is_local, resolve
-from prefect_gliner2.session_core.tempcopies import TEMP_PREFIX, clean_stale_temp
-from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
 
-if TYPE_CHECKING:
-    from prefect_gliner2.session_core.session import TrainingSession
+
+class SessionWeights(Protocol):
+    """What loading and exporting weights use of a session (``TrainingSession`` is one; it imports this module,
+    never the reverse)."""
+
+    provenance: dict[str, Any]
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def engine(self) -> SessionEngine: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def architecture(self) -> str: ...
+    @property
+    def is_lora(self) -> bool: ...
+
 
 _WIDENING = {
     (torch.float16, torch.float32),
@@ -69,7 +85,7 @@ _WIDENING = {
 # ---- load ----------------------------------------------------------------------------------------------------
 
 
-def load_weights(session: TrainingSession, uri: str) -> dict[str, Any]:
+def load_weights(session: SessionWeights, uri: str) -> dict[str, Any]:
     """Validate and copy weights from `uri` into the session's parameters; returns a provenance report."""
     fs, path = fsspec.core.url_to_fs(uri)
     path = path.rstrip("/")
@@ -89,7 +105,7 @@ def load_weights(session: TrainingSession, uri: str) -> dict[str, Any]:
     )
 
 
-def _load_native(session: TrainingSession, fs: Any, path: str, uri: str) -> dict[str, Any]:
+def _load_native(session: SessionWeights, fs: Any, path: str, uri: str) -> dict[str, Any]:
     config = json.loads(fs.cat_file(f"{path}/{MODEL_CONFIG_FILE}"))
     architecture = config.get("architecture", "span")
     if architecture != session.architecture:
@@ -131,7 +147,7 @@ def _safetensors(fs: Any, file_path: str, uri: str) -> dict[str, torch.Tensor]:
         raise WeightsError(f"{file_path} is not a valid safetensors file ({exc})") from exc
 
 
-def _load_adapter(session: TrainingSession, fs: Any, path: str, uri: str) -> dict[str, Any]:
+def _load_adapter(session: SessionWeights, fs: Any, path: str, uri: str) -> dict[str, Any]:
     from peft.utils import get_peft_model_state_dict
 
     if not session.is_lora:
@@ -151,7 +167,7 @@ def _load_adapter(session: TrainingSession, fs: Any, path: str, uri: str) -> dic
     }
 
 
-def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
+def _load_from_checkpoint(session: SessionWeights, uri: str) -> dict[str, Any]:
     checkpoint = open_checkpoint(uri, min_version=1)  # the weights file has the same layout in every version
     meta = checkpoint.meta
     saved_lora = bool(meta.get("config", {}).get("use_lora"))
@@ -185,7 +201,7 @@ def _load_from_checkpoint(session: TrainingSession, uri: str) -> dict[str, Any]:
     }
 
 
-def _copy_base(session: TrainingSession, tensors: Mapping[str, torch.Tensor], uri: str) -> None:
+def _copy_base(session: SessionWeights, tensors: Mapping[str, torch.Tensor], uri: str) -> None:
     """Copy full/base weights: all of them for full training, the frozen base under a LoRA adapter."""
     live = {canonical_name(n): t for n, t in session.model.state_dict().items() if "lora_" not in n}
     _check_and_copy(live, tensors, uri)
@@ -221,7 +237,7 @@ def _check_and_copy(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torc
 
 
 def export_weights(
-    session: TrainingSession,
+    session: SessionWeights,
     uri: str,
     *,
     merged: bool = False,
@@ -285,7 +301,7 @@ def export_weights(
 
 
 @contextmanager
-def state_loaded(session: TrainingSession, state: Mapping[str, torch.Tensor] | None) -> Iterator[None]:
+def state_loaded(session: SessionWeights, state: Mapping[str, torch.Tensor] | None) -> Iterator[None]:
     """The live model holds `state` (a detached weights dict, e.g. the best validation weights) inside the block and
     its own weights again after it, bit for bit; None leaves the live weights in place."""
     if state is None:
@@ -339,7 +355,7 @@ def load_exported_model(uri: str, *, trainable: bool = False, **kwargs: Any) -> 
 
 
 def _load_export_dir(local: Path, trainable: bool, kwargs: dict[str, Any]) -> Any:
-    from prefect_gliner2.session_core.extractor_loading import load_extractor
+    from prefect_gliner2.training.extractor_loading import load_extractor
 
     model = load_extractor(str(local), **kwargs)
     adapter = local / ADAPTER_DIR
