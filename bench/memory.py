@@ -18,7 +18,7 @@ settings take turns, the order rotating, ``--repeat`` groups. Printed per shape,
 ``--thp`` adds a third run to every group, in the same rotation: the worker's setting plus PyTorch's own switch for
 transparent huge pages on its CPU tensors (``THP_MEM_ALLOC_ENABLE=1``: allocations of 2 MiB and more aligned to 2
 MiB and ``madvise(MADV_HUGEPAGE)``; it takes effect where the kernel's THP mode is ``madvise`` or ``always``). A
-worker does not use it (README, "Tried and not kept"); this measures why.
+worker does not use it (docs/benchmarks.md, "Tried and not kept"); this measures why.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Prefect server started once, before any clock. Printed per run, in seconds:
 
 Then, in this process: the BLAKE3 pass that decides the link (``payload_entry`` over the model's weights, nothing
 written), and ``SessionWorker.close()`` of a worker that trained two batches (the worker's exit after "close").
-Median (min-max) over ``--runs``. Scratch timings of the same parts are in the README's "How to read it".
+Median (min-max) over ``--runs``. Scratch timings of the same parts are in docs/benchmarks.md's "How to read it".
 """
 
 from __future__ import annotations
