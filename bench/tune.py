@@ -101,7 +101,7 @@ def _grid(
 
 
 def _data(root: Path, task: dict[str, Any]) -> dict[str, str]:
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training.tiny import tiny_records
 
     (root / "data").mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -133,8 +133,8 @@ def _direct(data: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
     from prefect_gliner2.session_core.records import load_records
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
 
     torch.set_num_threads(1)
     plan = ManagedTrainingPlan(data["train"], TrainingConfig.from_dict(config), architecture="span")

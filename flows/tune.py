@@ -40,7 +40,7 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from prefect_gliner2.flows.context import interrupts_surface
+from prefect_gliner2.flows.prefect_compat import interrupts_surface
 from prefect_gliner2.flows.sweep import TRAIN_DEPLOYMENT, sweep_points
 from prefect_gliner2.flows.tune_report import best_row, leaderboard_rows, publish_leaderboard, register_best
 from prefect_gliner2.flows.tune_segments import InProcess, OnDeployment

@@ -7,9 +7,10 @@ process or as a flow run of the training deployment on the fleet.
 
 On the fleet, a segment's flow run has the idempotency key ``<study_key>/<run_key>/<pause point or "end">``: a study
 restarted after a kill gets the flow runs it already created back from the server (still running, or done) instead
-of starting them again. A segment whose flow run crashed is retried in place (``retry_point``: the same flow run,
-the same run key, an exact resume from its checkpoint), at most `retries` times. What a segment trained is read from
-its run directory afterwards (``runtime.pause.run_outcome``), so no result persistence is needed.
+of starting them again. A segment whose flow run crashed is retried in place (the same flow run, the same run key,
+an exact resume from its checkpoint; ``prefect_compat.retry_in_place``), at most `retries` times. What a segment
+trained is read from its run directory afterwards (``runtime.pause.run_outcome``), so no result persistence is
+needed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from prefect_gliner2.flows.sweep import FINAL, retry_point
+from prefect_gliner2.flows.prefect_compat import retry_in_place
+from prefect_gliner2.flows.sweep import FINAL
 
 __all__ = ["InProcess", "OnDeployment", "Segment"]
 
@@ -86,7 +88,7 @@ class OnDeployment:
         state = _state_type(run)
         if state in ("CRASHED", "FAILED"):  # an earlier attempt of the study left it so: resume it exactly
             get_run_logger().info("trial %d: retrying the %s flow run %s", segment.number, state, run.id)
-            retry_point(run.id)
+            _retry(run.id)
         elif state in FINAL:
             self._ended(segment, run)
 
@@ -116,7 +118,7 @@ class OnDeployment:
                 segment.retries,
                 self.retries,
             )
-            retry_point(run.id)
+            _retry(run.id)
         elif state in FINAL:
             self._ended(segment, run)
 
@@ -125,6 +127,13 @@ class OnDeployment:
         segment.state = _state_type(run)
         if segment.state != "COMPLETED":
             segment.error = f"flow run {run.id} ended {segment.state}: {run.state.message or 'no message'}"
+
+
+def _retry(flow_run_id: Any) -> None:
+    """Retry a trial's crashed or failed flow run in place (it resumes its run key exactly)."""
+    accepted, reason = retry_in_place(flow_run_id, "retried by its study")
+    if not accepted:
+        get_run_logger().warning("Prefect refused to retry flow run %s (%s)", flow_run_id, reason)
 
 
 def _state_type(run: Any) -> str | None:

@@ -45,8 +45,8 @@ __all__ = [
 STUDY_STORAGE_ENV = "PREFECT_GLINER2_STUDY_STORAGE"
 PREFECT_DATABASE_ENVS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 STUDY_SCHEMA = "prefect_gliner2_optuna"  # the PostgreSQL schema of studies (see ``own_schema``)
-IDENTITY_ATTR = "prefect_gliner2.identity"  # what the study searches over: a study key is never reused for another
-RESOURCES_ATTR = "prefect_gliner2.resources"  # the pruner's resources, resolved when the study was created
+IDENTITY_ATTR = "prefect-gliner2:identity"  # what the study searches over: a study key is never reused for another
+RESOURCES_ATTR = "prefect-gliner2:resources"  # the pruner's resources, resolved when the study was created
 
 
 @dataclass(frozen=True)
