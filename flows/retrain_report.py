@@ -8,8 +8,8 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from prefect_gliner2.flows.context import flow_run_id
 from prefect_gliner2.flows.events import emit_model_event
+from prefect_gliner2.flows.prefect_compat import flow_run_id
 from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT

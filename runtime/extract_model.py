@@ -128,7 +128,15 @@ class Extractor:
     """A loaded model asked with one set of thresholds: ``extract(texts, schemas)`` -> (results, chunks per text)."""
 
     def __init__(
-        self, ref: ModelRef, *, threshold: float, per_label: Any, batch_size: int, chunk_size: int, chunk_overlap: int
+        self,
+        ref: ModelRef,
+        *,
+        threshold: float,
+        per_label: Any,
+        batch_size: int,
+        chunk_size: int,
+        chunk_overlap: int,
+        spans: bool = False,
     ) -> None:
         from prefect_gliner2.training.engine.native import word_splitter
 
@@ -138,6 +146,7 @@ class Extractor:
         self.batch_size = batch_size
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
+        self.spans = spans  # each entity with its offsets and confidence (what annotation formats need)
         self._splitter = word_splitter(self.model)
         self._schemas: dict[str, Any] = {}
 
@@ -164,6 +173,8 @@ class Extractor:
                     asked[0] if all(schema is asked[0] for schema in asked) else asked,
                     batch_size=self.batch_size,
                     threshold=self.threshold,
+                    include_confidence=self.spans,
+                    include_spans=self.spans,
                 )
                 for i, result in zip(short, out, strict=True):
                     results[i] = result
@@ -175,6 +186,8 @@ class Extractor:
                     threshold=self.threshold,
                     chunk_size=self.chunk_size,
                     chunk_overlap=self.chunk_overlap,
+                    include_confidence=self.spans,
+                    include_spans=self.spans,
                 )
                 for i, result in zip(long, out, strict=True):
                     results[i] = result

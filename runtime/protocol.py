@@ -56,8 +56,13 @@ __all__ = [
     "encode_error",
 ]
 
-#: The module whose SessionCoreError subclasses are rebuilt in the client (torch-free: every product error is there).
-REMOTE_ERROR_MODULES = ("prefect_gliner2.session_core.errors",)
+#: The modules whose SessionCoreError subclasses are rebuilt in the client: every errors home that can define one
+#: (torch-free and Prefect-free; ``flows.sweep`` defines only a TransientError, which is never rebuilt).
+REMOTE_ERROR_MODULES = (
+    "prefect_gliner2.session_core.errors",
+    "prefect_gliner2.runtime.errors",
+    "prefect_gliner2.model_registry.store",
+)
 
 
 @dataclass(frozen=True)

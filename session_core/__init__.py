@@ -4,7 +4,8 @@ Everything here runs without torch, numpy, transformers, gliner2 or Prefect (``t
 module's imports, lazy ones included): the training configuration (``config``), records (``records`` +
 ``record_checks`` + ``canonical``), the content-addressed plan (``plan`` + ``plan_order`` + ``plan_types``) and its
 manifest (``manifest``), storage (``storage`` + ``commits`` + ``tempcopies`` + ``durability`` + ``direct_io``), the
-run directory's names (``layout``), the checkpoint file format (``checkpoint/``), scoring and evaluation over any
+run directory's names (``layout``), the checkpoint file format (``checkpoint/``), annotation formats in and out
+(``formats/``: CoNLL/BIO, spaCy, Label Studio, doccano), scoring and evaluation over any
 extractor (``scoring``, ``evaluation``, ``metrics``, ``label_order``), extraction thresholds and their fit
 (``thresholds``, ``threshold_fit``), promotion statistics (``promotion``, ``promotion_rule``,
 ``promotion_report``, ``bootstrap``) and the exception tree (``errors``).

@@ -5,6 +5,7 @@
     │   ├── ConfigError (ValueError)           a TrainingConfig field is invalid or unsupported
     │   │   └── RunKeyError                    a run key that is not a safe directory name               [runtime]
     │   ├── RecordError (ValueError)           training/validation records are invalid (row index + reason)
+    │   │   └── FormatError                    an annotation file (CoNLL, spaCy, Label Studio, doccano) is unreadable
     │   ├── ManifestError (ValueError)         a manifest is malformed, edited or of an unknown schema
     │   ├── PlanMismatchError (ValueError)     a checkpoint or run key belongs to a different plan
     │   │   └── RunConflictError               a different manifest / settings under an existing run key [runtime]
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DeadCountHeadError",
+    "FormatError",
     "ManifestError",
     "PlanMismatchError",
     "PrecisionError",
@@ -89,6 +91,11 @@ class ConfigError(SessionCoreError, ValueError):
 
 class RecordError(SessionCoreError, ValueError):
     """Training or validation records are invalid; the message lists row indices and reasons."""
+
+
+class FormatError(RecordError):
+    """An annotation file cannot be read or written in its format; the message names file, line or record, offset
+    and what to do."""
 
 
 class ManifestError(SessionCoreError, ValueError):

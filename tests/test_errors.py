@@ -164,3 +164,12 @@ def test_the_public_api_exports_errors_from_the_tree() -> None:
         assert "PrefectGliner2Error" in exported and "SessionCoreError" in exported
         for name in exported:
             assert getattr(package, name) is defined[name], (package.__name__, name)
+
+
+def test_every_home_of_a_deterministic_error_is_rebuilt_across_the_worker_pipe() -> None:
+    """A SessionCoreError raised in the session worker reaches the client as itself (never retried) only when its
+    module is one the protocol rebuilds from; otherwise it would arrive as a (transient) WorkerError."""
+    from prefect_gliner2.runtime.protocol import REMOTE_ERROR_MODULES
+
+    homes = {cls.__module__ for cls in _defined_classes().values() if issubclass(cls, SessionCoreError)}
+    assert homes <= set(REMOTE_ERROR_MODULES), homes - set(REMOTE_ERROR_MODULES)

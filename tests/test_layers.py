@@ -6,7 +6,7 @@ named in a string (``importlib.import_module("prefect_gliner2....")``, a lazy-ex
 - layers point down only: session_core < training < model_registry < runtime < tasks < flows < deployments (the
   top-level ``prefect_gliner2`` package, the curated API, may name any of them lazily);
 - ``session_core`` (the planning layer) imports no torch, transformers, gliner2, safetensors, peft, tokenizers or
-  prefect at all, and numpy/scipy only inside functions (promotion statistics);
+  prefect at all, and numpy/scipy (promotion statistics) and spaCy (reading a DocBin) only inside functions;
 - ``session_core``, ``training``, ``runtime`` and ``model_registry`` import no prefect;
 - no two modules import each other, directly or through others (no cycles, lazy and TYPE_CHECKING imports included);
 - gliner2 beyond its public API (``gliner2`` and ``gliner2.training``, the names they export) is touched only in
@@ -28,7 +28,7 @@ NAMESPACE = "prefect_gliner2"
 #: Bottom to top; a module may import its own layer and the ones before it.
 LAYERS = ("session_core", "training", "model_registry", "runtime", "tasks", "flows", "deployments")
 PLANNING_FORBIDDEN = ("torch", "transformers", "gliner2", "safetensors", "peft", "tokenizers", "prefect")
-PLANNING_LAZY_ONLY = ("numpy", "scipy")
+PLANNING_LAZY_ONLY = ("numpy", "scipy", "spacy")
 PREFECT_FREE = ("session_core", "training", "runtime", "model_registry")
 ENGINE = f"{NAMESPACE}.training.engine"
 #: The one downward exception: session_core's package keeps the session names that moved to the training layer
@@ -247,3 +247,58 @@ def test_gliner2_internals_are_touched_only_in_the_engine_package() -> None:
 def test_each_layer_package_states_its_rule(name: str) -> None:
     doc = ast.get_docstring(ast.parse((ROOT / name / "__init__.py").read_text(encoding="utf-8")))
     assert doc and "test_layers.py" in doc
+
+
+#: What Prefect does beyond a documented API effect, as the names code uses to rely on it (flows/prefect_compat.py
+#: draws each rule with the test that pins it).
+PREFECT_RULE_NAMES = frozenset(
+    {
+        "FlowRunContext",
+        "TaskRunContext",
+        "get_run_context",
+        "get_settings_context",
+        "TerminationSignal",
+        "EventsWorker",
+        "APILogWorker",
+        "drain_all",
+        "empirical_policy",
+        "run_count",
+        "resuming",
+        "AwaitingRetry",
+        "event_hooks",
+        "PREFECT_CLIENT_MAX_RETRIES",
+        "SetStateStatus",
+    }
+)
+PREFECT_COMPAT = f"{NAMESPACE}.flows.prefect_compat"
+
+
+def _code_names(path: Path) -> Iterator[tuple[int, str]]:
+    """Every identifier, attribute, imported name and keyword argument in `path`'s code (not its comments or
+    docstrings), and every short string constant (a dict key such as ``{"resuming": True}``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield node.lineno, alias.name.rsplit(".", 1)[-1]
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield getattr(node, "lineno", 0), node.arg
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            yield node.lineno, node.value
+
+
+def test_prefect_rules_are_relied_on_only_in_the_compat_module() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for module, path in MODULES.items()
+        if module != PREFECT_COMPAT
+        for line, name in _code_names(path)
+        if name in PREFECT_RULE_NAMES
+    ]
+    assert wrong == [], f"Prefect rules relied on outside flows/prefect_compat.py: {wrong}"
+    found = {name for _, name in _code_names(MODULES[PREFECT_COMPAT])}
+    assert PREFECT_RULE_NAMES - found <= {"TaskRunContext", "get_run_context"}, "the list names what the module uses"

@@ -19,7 +19,7 @@ from uuid import UUID
 
 import pytest
 
-from prefect_gliner2.flows.prefect_ui import propose_running_message, set_running_message
+from prefect_gliner2.flows.prefect_compat import propose_running_message, set_running_message
 from prefect_gliner2.flows.sweep import retry_point
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

@@ -162,14 +162,18 @@ def test_before_commit_runs_once_the_files_are_written_and_a_failure_commits_not
 
 
 def test_every_error_class_of_ours_survives_the_pipe() -> None:
-    from prefect_gliner2.session_core import errors as core_errors
+    import importlib
 
+    from prefect_gliner2.runtime.protocol import REMOTE_ERROR_MODULES
+
+    homes = [importlib.import_module(name) for name in REMOTE_ERROR_MODULES]
     classes = [
         cls
-        for cls in vars(core_errors).values()
-        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == core_errors.__name__
+        for home in homes
+        for cls in vars(home).values()
+        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == home.__name__
     ]
-    assert len(classes) >= 15
+    assert len(classes) >= 20 and {c.__name__ for c in classes} >= {"RunLockedError", "StorageFullError"}
     for cls in classes:
         original = cls(errno.EROFS, "read-only") if issubclass(cls, OSError) else cls(f"{cls.__name__} happened")
         rebuilt = _through_the_pipe(original)

@@ -18,7 +18,6 @@ Modules:
     weights.py             load_weights / export_weights / load_exported_model
     state.py               tensors in and out of checkpoint files (RNG states, optimizer, pending gradients)
     native_save.py         a native model directory written with its digests, in one pass
-    identity.py            what identifies a model (architecture, parameter shapes) for state compatibility
     extractor_loading.py   loading a native model directory as gliner2 does
     inference.py           gliner2's public batched extraction as the scoring functions' extractor
     prefetch.py            a checkpoint's tensors read ahead, before gliner2 is imported

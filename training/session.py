@@ -29,7 +29,7 @@ from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, SessionStateError
 from prefect_gliner2.session_core.pairs import to_pairs
 from prefect_gliner2.training import engine as engine_mod
-from prefect_gliner2.training.identity import describe_model
+from prefect_gliner2.training.engine.identity import describe_model
 from prefect_gliner2.training.session_checkpoint import SessionCheckpointing
 from prefect_gliner2.training.state import base_weights, weights_digest
 from prefect_gliner2.training.weights import export_weights, load_weights

@@ -19,7 +19,7 @@ from prefect_gliner2.session_core.checkpoint import Checkpoint, Payload
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import CheckpointError, SessionCoreError, StateMismatchError
 from prefect_gliner2.training.engine import FORMER_TRAINER_NAMES, SessionEngine
-from prefect_gliner2.training.identity import model_differences
+from prefect_gliner2.training.engine.identity import model_differences
 from prefect_gliner2.training.prefetch import PREFETCHED_FILES, prefetch_state
 from prefect_gliner2.training.state import (
     bytes_to_object,

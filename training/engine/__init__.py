@@ -1,4 +1,4 @@
-"""The engine adapter: the only package that touches gliner2's native trainer internals.
+"""The engine adapter: the only package that touches gliner2's internals (its trainer's and its models').
 
 `SessionEngine` subclasses gliner2's `ExtractorTrainer` and drives its own methods one bounded operation at a
 time: `_backward_one` for a micro-batch, `_renormalize_partial_accumulation` + `_optimizer_step` for an update,
@@ -25,6 +25,9 @@ Modules, by concern (each says which gliner2 internals it touches):
     lora.py       unwrapping PEFT models, adapter parameters, adapter checks (gliner2's target resolution)
     rng.py        the session's private Python stream for gliner2's preprocessing; blocks that draw nothing
     precision.py  device and precision checks, process-wide determinism, gliner2's public TrainingConfig
+    identity.py   what identifies a model for state compatibility (its classes, shapes, processor sampling)  internals
+    native.py     what the rest of the product uses of gliner2's models: count head, word splitter and chunking,
+                  the tokenizer, the save_file binding native saves go through                             internals
 
 `SessionEngine` composes the three partial trainers (`EngineGuards`, `EngineState`, `EngineSetup`, each an
 `ExtractorTrainer` subclass with no state of its own) ahead of any native trainer subclass a session composes it

@@ -8,6 +8,8 @@ gliner2 2.1 internals touched here (and, for the trainer, in the other engine mo
 - ``gliner2.processing.word_splitter.word_splitter_from`` and ``gliner2.inference.chunking.split_text_into_chunks``:
   the word splitter and the chunking ``batch_extract_long`` uses (``word_splitter``, ``chunk_count``), so resumable
   extraction counts words and chunks exactly as gliner2 does.
+- ``model.processor.tokenizer``: the tokenizer a model's processor uses (``tokenizer_of``), with gliner2's special
+  tokens added (``prefect-gliner2 init-model`` and the tiny models check its size).
 - the name ``save_file`` bound inside loaded ``gliner2.*`` modules (``save_file_replaced``): ``save_pretrained``
   writes its weights through it, and the export writes them around the page cache with their digest
   (``training/native_save.py``).
@@ -20,7 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["chunk_count", "count_head", "count_predictions", "pin_count_head", "save_file_replaced", "word_splitter"]
+__all__ = [
+    "chunk_count",
+    "count_head",
+    "count_predictions",
+    "pin_count_head",
+    "save_file_replaced",
+    "tokenizer_of",
+    "word_splitter",
+]
 
 
 def count_head(model: Any) -> Any | None:
@@ -68,6 +78,11 @@ def count_predictions(model: Any) -> Iterator[list[int] | None]:
         yield counts
     finally:
         hook.remove()
+
+
+def tokenizer_of(model: Any) -> Any:
+    """The tokenizer `model`'s processor encodes with (gliner2's special tokens included)."""
+    return model.processor.tokenizer
 
 
 def word_splitter(model: Any) -> Callable[..., Iterator[Any]]:

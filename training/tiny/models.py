@@ -190,10 +190,12 @@ def _write_model(
         model = model_class(config, encoder_config=encoder_config, tokenizer=tokenizer)
     if arch == "span" and pinned_count is not None:
         pin_count_head(model, pinned_count)
+    from prefect_gliner2.training.engine.native import tokenizer_of
+
     expected = len(sized_vocab(vocab_size))
-    if len(model.processor.tokenizer) != expected:  # pragma: no cover - guards a gliner2 change
+    if len(tokenizer_of(model)) != expected:  # pragma: no cover - guards a gliner2 change
         raise RuntimeError(
-            f"gliner2 grew the tiny tokenizer from {expected} to {len(model.processor.tokenizer)} "
+            f"gliner2 grew the tiny tokenizer from {expected} to {len(tokenizer_of(model))} "
             "tokens; add the new special tokens to GLINER2_SPECIAL_TOKENS"
         )
     path.mkdir(parents=True, exist_ok=True)
