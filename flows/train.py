@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from prefect_gliner2.flows.context import run_hooks
 from prefect_gliner2.flows.data_params import DataSettings
@@ -36,6 +36,7 @@ from prefect_gliner2.flows.params import (
 )
 from prefect_gliner2.flows.prefect_compat import completed_state, interrupts_surface
 from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
+from prefect_gliner2.flows.spare_first import spare_first_flow
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.prepare import prepare_run
@@ -79,7 +80,7 @@ def _close_workers(flow: Any, flow_run: Any, state: Any) -> None:
     live_runs.close_for_flow_run(str(flow_run.id))
 
 
-@flow(
+@spare_first_flow(  # a call starts the worker process before Prefect creates the flow run
     name="gliner2-train",
     persist_result=False,
     on_failure=[_close_workers],
@@ -127,7 +128,7 @@ def train_flow(
         valid, valid_read = data_format.source(valid_data, "validation")
         for line in read + valid_read:
             get_run_logger().info("data %s", line)
-        prepared = prepare_run(model, train, valid, config_given, run_key, storage)
+        prepared = prepare_run(model, train, valid, config_given, run_key, storage)  # or the CLI's (handed over)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
         with open_run(prepared, options, run_hooks()) as run:
