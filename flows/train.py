@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, cast
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field
 
 from prefect_gliner2.flows.context import run_hooks
@@ -40,6 +40,7 @@ from prefect_gliner2.flows.params import (
 )
 from prefect_gliner2.flows.prefect_compat import completed_state, interrupts_surface
 from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
+from prefect_gliner2.flows.spare_first import spare_first_flow
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.pause import pause_index, pause_record, record_pause
@@ -85,7 +86,7 @@ def _close_workers(flow: Any, flow_run: Any, state: Any) -> None:
     live_runs.close_for_flow_run(str(flow_run.id))
 
 
-@flow(
+@spare_first_flow(  # a call starts the worker process before Prefect creates the flow run
     name="gliner2-train",
     persist_result=False,
     on_failure=[_close_workers],
@@ -136,7 +137,7 @@ def train_flow(
         valid, valid_read = data_format.source(valid_data, "validation")
         for line in read + valid_read:
             get_run_logger().info("data %s", line)
-        prepared = prepare_run(model, train, valid, config_given, run_key, storage)
+        prepared = prepare_run(model, train, valid, config_given, run_key, storage)  # or the CLI's (handed over)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         if pause_at_step is not None and not prepared.has_validation:
             raise ConfigError("pause_at_step pauses a run at a validation point: pass valid_data (or drop it)")

@@ -34,6 +34,7 @@ __all__ = ["START_TIMEOUT", "LocalServerError", "local_server", "prefect_api"]
 START_TIMEOUT = 900.0  # seconds; a server that is still starting is waited for this long
 _STOP_GRACE = 2.0  # seconds a stopping server gets before SIGKILL (its SQLite database is crash-safe)
 _NOTICE_AFTER = 15.0  # seconds of start-up after which the wait is explained once
+_POLL = 0.05  # seconds between health checks while the server starts (its readiness gates the first batch)
 _NOTICE = "waiting for the local Prefect server (a first start creates its database; a busy machine is slower) ..."
 _SERVER_SETTINGS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -138,7 +139,7 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout: float) -> b
             if not noticed and time.monotonic() - started > _NOTICE_AFTER:
                 print(_NOTICE, file=sys.stderr, flush=True)
                 noticed = True
-            time.sleep(0.2)
+            time.sleep(_POLL)
     return False
 
 

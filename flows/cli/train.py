@@ -1,5 +1,6 @@
 """``prefect-gliner2 train``: plan the run, record its manifest in the run directory, and run the training flow on
-that run key (the flow resumes the recorded plan: planned here, once, before any flow run exists)."""
+that run key (the flow resumes the recorded plan: planned here, once, before any flow run exists, and handed to the
+flow run in this process, which so neither plans it again nor decodes its manifest)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: Any) -> int:
     from prefect_gliner2.flows.params import check_runnable
-    from prefect_gliner2.runtime.prepare import prepare_run, record_manifest
+    from prefect_gliner2.runtime.prepare import handed_over, prepare_run, record_manifest
 
     settings = _settings(args)
     config, train, valid = inputs(args)
@@ -68,7 +69,7 @@ def run(args: Any) -> int:
         prepared = prepare_run(args.model, train, valid, config, args.run_key, args.storage)
         check_runnable(prepared.plan.config, prepared.has_validation, args.device)
         record_manifest(prepared)  # refuses another plan under this run key before Prefect starts
-        with prefect_api():
+        with prefect_api(), handed_over(prepared):  # the flow run's prepare_run answers with this plan
             state = _run_flow(args, prepared.run_dir.run_key, *settings)
     if not state.is_completed():
         error = state.result(raise_on_failure=False)
