@@ -24,11 +24,19 @@ class UsageError(Exception):
 
 
 def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
-    """--model, --train (repeatable), --valid (repeatable) and --config."""
+    """--model, --train (repeatable), --valid (repeatable), --config and --recipe."""
+    from prefect_gliner2.session_core.recipes import RECIPES
+
     parser.add_argument("--model", required=True, help="model directory, Hugging Face id, or tiny:span / tiny:boundary")
     parser.add_argument("--train", required=True, action="append", help="training JSONL path or URL (repeatable)")
     parser.add_argument("--valid", action="append", help="validation JSONL path or URL (repeatable)")
     parser.add_argument("--config", required=config_required, help="TrainingConfig fields as a JSON or YAML file")
+    parser.add_argument(
+        "--recipe",
+        choices=list(RECIPES),
+        help="learning rates and warmup for where the model starts (replaces the config's recipe): gliner2 to "
+        "continue a trained GLiNER2 model, from-encoder for a model built by init-model (fresh heads)",
+    )
 
 
 def non_negative(text: str) -> int:
@@ -87,6 +95,8 @@ def inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
             if not fs.exists(local):
                 raise UsageError(f"{role} data {path!r} does not exist; pass a JSONL file path or URL")
     config = TrainingConfig.from_file(args.config)
+    if getattr(args, "recipe", None):
+        config = config.replace(recipe=args.recipe)
     if getattr(args, "storage", None):
         check_storage(args.storage)
     return config, args.train, args.valid
