@@ -253,7 +253,7 @@ def test_fingerprint_covers_records_config_and_architecture() -> None:
     payload = {
         "architecture": "span",
         "config": base.config.fingerprint_fields(),
-        "plan_algorithm_version": 2,
+        "plan_algorithm_version": 3,
         "record_count": 10,
         "records_sha256": hashlib.sha256(b"".join(base.records.digest(i) for i in range(10))).hexdigest(),
     }
