@@ -390,3 +390,37 @@ def test_negative_labels_are_drawn_per_seed_epoch_and_row() -> None:
         [records[r] for r in b.rows] == [dict(e) for e in b.examples]
         for b in (plain.batch(i) for i in range(plain.batch_count))
     )
+
+
+def test_label_subsets_ask_a_proper_subset_early_and_every_label_later() -> None:
+    """With label_subset_prob 1 and label_subset_until 0.5, each multi-label record of the first half of the epochs
+    asks a non-empty proper subset of its labels (with their own mentions), the same on every call; later epochs ask
+    every label; a one-label record is never cut."""
+    records = [
+        {"input": "Acme opened a branch in Paris", "output": {"entities": {"company": ["Acme"], "city": ["Paris"]}}},
+        {"input": "Ada met Bob in Rome", "output": {"entities": {"person": ["Ada", "Bob"], "city": ["Rome"], "x": []}}},
+        {"input": "Ada", "output": {"entities": {"person": ["Ada"]}}},
+    ] * 3
+    settings = dict(negative_label_prob=0.0, num_epochs=4, gradient_accumulation_steps=1)
+    config = TrainingConfig(**training_config(**settings, label_subset_prob=1.0, label_subset_until=0.5))
+    plan = ManagedTrainingPlan(records, config, architecture="span")
+    batches = [plan.batch(i) for i in range(plan.batch_count)]
+    assert batches == [ManagedTrainingPlan(records, config, architecture="span").batch(i) for i in range(len(batches))]
+    kept: set[tuple[str, ...]] = set()
+    for batch in batches:
+        for row, example in zip(batch.rows, batch.examples, strict=True):
+            own = records[row]["output"]["entities"]
+            asked = example["output"]["entities"]
+            assert asked == {label: own[label] for label in asked}  # a subset, mentions untouched
+            if batch.epoch >= 2 or len(own) == 1:
+                assert asked == own
+            else:
+                assert 0 < len(asked) < len(own)
+                kept.add(tuple(asked))
+    assert len(kept) > 2  # different subsets across records and epochs
+    off = TrainingConfig(**training_config(**settings, label_subset_prob=0.0))
+    plain = ManagedTrainingPlan(records, off, architecture="span")
+    assert all(
+        [records[r] for r in b.rows] == [dict(e) for e in b.examples]
+        for b in (plain.batch(i) for i in range(plain.batch_count))
+    )
