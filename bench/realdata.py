@@ -59,9 +59,7 @@ CONFIG: dict[str, Any] = {
     "bf16": False,
     "batch_size": 8,
     "eval_batch_size": 16,
-    "encoder_lr": 5e-5,
-    "task_lr": 5e-4,  # gliner2's own default; 5e-3 made the fresh heads' loss diverge within 4 updates
-    "warmup_ratio": 0.1,
+    # learning rates and warmup: the recipe's (TrainingConfig.recipe; --set recipe=from-encoder for fresh heads)
     "seed": SEED,
     "label_order_trials": 1,
     "eval_threshold": 0.1,
