@@ -18,16 +18,17 @@ from support.config import training_config
 
 ENCODERS = {"bert": {"encoder": "bert"}, "deberta": {"encoder": "deberta-v2", "deberta_v3": True}}
 ORDERS = 6  # seeded random label orders per held-out record, beside the data's own order
-EPOCHS = 30  # label subsets in the first 15 (the default label_subset_until 0.5), both labels in every prompt after
+EPOCHS = 24  # label subsets in the first 12 (the default label_subset_until 0.5), both labels in every prompt after
 
 
-def _train(encoder: str, **overrides: Any) -> TrainingSession:
-    """The tiny span model (hidden 64, 2 layers) trained on 160 two-label records with the default augmentation
-    (labels shuffled per occurrence, negatives, synthetic labels, label subsets) and the test config's rates."""
+def _train(encoder: str, epochs: int = EPOCHS, **overrides: Any) -> TrainingSession:
+    """The tiny span model (hidden 64, 2 layers) trained on 80 two-label records (20 updates an epoch) with the
+    default augmentation (labels shuffled per occurrence, negatives, synthetic labels, label subsets) and the test
+    config's rates."""
     model = build_tiny_model("span", seed=0, hidden_size=64, num_layers=2, **ENCODERS[encoder])
-    values = training_config(batch_size=8, gradient_accumulation_steps=1, num_epochs=EPOCHS, eval_strategy="no")
+    values = training_config(batch_size=4, gradient_accumulation_steps=1, num_epochs=epochs, eval_strategy="no")
     config = TrainingConfig(**{**values, "warmup_ratio": 0.1, **overrides})
-    plan = ManagedTrainingPlan(two_label_records(160, seed=1), config, architecture="span")
+    plan = ManagedTrainingPlan(two_label_records(80, seed=1), config, architecture="span")
     session = TrainingSession(model, config, max_steps=plan.max_steps)
     for i in range(plan.batch_count):
         session.forward_backward(plan.batch(i))
@@ -63,6 +64,7 @@ def test_default_augmentation_keeps_label_identity_in_every_order(encoder: str) 
 
 def test_shuffling_without_label_subsets_erases_label_identity() -> None:
     """The control: the same run with label_subset_prob=0 learns one label-agnostic detector (every mention tagged
-    with both labels: precision 0.5, recall 1, F1 about 0.667), in every order alike."""
-    f1s = _f1_in_every_order(_train("bert", label_subset_prob=0.0))
+    with both labels: precision 0.5, recall 1, F1 about 0.667), in every order alike. Half the epochs show it: without
+    subsets the runs measured for issue 43 stayed at 0.66-0.67 from 8 to 30 epochs."""
+    f1s = _f1_in_every_order(_train("bert", epochs=EPOCHS // 2, label_subset_prob=0.0))
     assert max(f1s) < 0.75, f1s
