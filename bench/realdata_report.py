@@ -22,7 +22,7 @@ def run_scores(report: Any, seconds: float, **extra: Any) -> dict[str, Any]:
     }
     return {
         "micro": report.metrics()["eval_f1"],
-        "macro": report.macro_f1(),
+        "macro": report.macro_f1,
         "labels": labels,
         "seconds": seconds,
         **extra,

@@ -18,17 +18,17 @@ from support.config import training_config
 
 ENCODERS = {"bert": {"encoder": "bert"}, "deberta": {"encoder": "deberta-v2", "deberta_v3": True}}
 ORDERS = 6  # seeded random label orders per held-out record, beside the data's own order
-EPOCHS = 24  # label subsets in the first 12 (the default label_subset_until 0.5), both labels in every prompt after
+EPOCHS = 30  # label subsets in the first 15 (the default label_subset_until 0.5), both labels in every prompt after
 
 
 def _train(encoder: str, epochs: int = EPOCHS, **overrides: Any) -> TrainingSession:
-    """The tiny span model (hidden 64, 2 layers) trained on 80 two-label records (20 updates an epoch) with the
+    """The tiny span model (hidden 64, 2 layers) trained on 160 two-label records (20 updates an epoch) with the
     default augmentation (labels shuffled per occurrence, negatives, synthetic labels, label subsets) and the test
     config's rates."""
     model = build_tiny_model("span", seed=0, hidden_size=64, num_layers=2, **ENCODERS[encoder])
-    values = training_config(batch_size=4, gradient_accumulation_steps=1, num_epochs=epochs, eval_strategy="no")
+    values = training_config(batch_size=8, gradient_accumulation_steps=1, num_epochs=epochs, eval_strategy="no")
     config = TrainingConfig(**{**values, "warmup_ratio": 0.1, **overrides})
-    plan = ManagedTrainingPlan(two_label_records(80, seed=1), config, architecture="span")
+    plan = ManagedTrainingPlan(two_label_records(160, seed=1), config, architecture="span")
     session = TrainingSession(model, config, max_steps=plan.max_steps)
     for i in range(plan.batch_count):
         session.forward_backward(plan.batch(i))
