@@ -62,10 +62,11 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
     from prefect_gliner2.session_core.evaluation import score_extraction
-    from prefect_gliner2.session_core.tiny import build_tiny_model
-    from prefect_gliner2.session_core.tiny.data import two_label_records
+    from prefect_gliner2.training import TrainingSession
+    from prefect_gliner2.training.tiny import build_tiny_model
+    from prefect_gliner2.training.tiny.data import two_label_records
 
     torch.set_num_threads(1)
     model = build_tiny_model("span", seed=0, hidden_size=64, num_layers=2, **ENCODERS[args.encoder])

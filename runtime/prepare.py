@@ -20,7 +20,7 @@ from prefect_gliner2.runtime.model_sources import model_architecture
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.errors import ConfigError
-from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
+from prefect_gliner2.session_core.manifest import encode_manifest
 
 __all__ = ["STORAGE_ENV", "PreparedRun", "default_storage", "prepare_run", "record_manifest"]
 
@@ -85,7 +85,7 @@ def _resumed(model: str, config: TrainingConfig | None, run_key: str | None, sto
         raise ConfigError(
             f"run key {run_key!r} has no manifest at {run_dir.uri}; pass train_data and config to start it"
         )
-    loaded = load_manifest(run_dir.manifest_uri)
+    loaded = ManagedTrainingPlan.from_manifest(run_dir.manifest_uri)
     if config is not None and config.to_dict() != loaded.plan.config.to_dict():
         raise RunConflictError(
             f"run key {run_key!r} was planned with a different config; omit config to resume "

@@ -22,8 +22,8 @@ from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.scoring import Counts, DatasetSchema, score_records
-from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
 from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
+from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES, tiny_records
 
 from support.config import training_config
 from support.flow import assert_same_export, installed_faults, make_space, reference_export, run_flow

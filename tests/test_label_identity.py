@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.evaluation import score_extraction
-from prefect_gliner2.session_core.tiny import build_tiny_model
-from prefect_gliner2.session_core.tiny.data import two_label_records
+from prefect_gliner2.training import TrainingSession
+from prefect_gliner2.training.tiny import build_tiny_model
+from prefect_gliner2.training.tiny.data import two_label_records
 
 from support.config import training_config
 

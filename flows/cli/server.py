@@ -27,7 +27,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["START_TIMEOUT", "LocalServerError", "drain_prefect_queues", "local_server", "prefect_api"]
+from prefect_gliner2.flows.prefect_compat import drain_queued
+
+__all__ = ["START_TIMEOUT", "LocalServerError", "local_server", "prefect_api"]
 
 START_TIMEOUT = 900.0  # seconds; a server that is still starting is waited for this long
 _STOP_GRACE = 2.0  # seconds a stopping server gets before SIGKILL (its SQLite database is crash-safe)
@@ -68,17 +70,7 @@ def prefect_api() -> Iterator[str]:
         try:
             yield url
         finally:
-            drain_prefect_queues()
-
-
-def drain_prefect_queues(timeout: float = 3.0) -> None:
-    """Send the logs and events still queued in this process before the server stops (as Prefect's own test
-    harness does): afterwards they would be retried against a closed port for minutes."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for worker in (APILogWorker, EventsWorker):
-        worker.drain_all(timeout=timeout)
+            drain_queued()
 
 
 @contextlib.contextmanager
