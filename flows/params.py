@@ -185,12 +185,24 @@ class TrainingSettings(_Form):
     )
     batch_size: int = Field(default=2, ge=1, description="Records per micro-batch.")
     gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro-batches per optimizer update.")
-    encoder_lr: NonNegative = Field(default=1e-5, description="Learning rate of the encoder.")
-    task_lr: NonNegative = Field(default=5e-4, description="Learning rate of the task heads.")
+    recipe: Literal["gliner2", "from-encoder"] = Field(
+        default="gliner2",
+        description="gliner2: continue training a trained GLiNER2 model; from-encoder: a model built by init-model "
+        "on a pretrained encoder (fresh heads: the encoder at 5e-5, the heads at 1e-3). Sets the learning rates "
+        "and warmup left empty.",
+    )
+    encoder_lr: NonNegative | None = Field(
+        default=None, description="Learning rate of the encoder (empty: the recipe's; 1e-5 for gliner2)."
+    )
+    task_lr: NonNegative | None = Field(
+        default=None, description="Learning rate of the task heads (empty: the recipe's; 5e-4 for gliner2)."
+    )
     scheduler_type: Literal["linear", "cosine", "cosine_restarts", "constant"] = Field(
         default="linear", description="Learning-rate schedule."
     )
-    warmup_ratio: Fraction = Field(default=0.1, description="Fraction of updates spent warming up the learning rate.")
+    warmup_ratio: Fraction | None = Field(
+        default=None, description="Fraction of updates spent warming up the learning rate (empty: the recipe's; 0.1)."
+    )
     eval_strategy: Literal["epoch", "steps", "no"] = Field(
         default="epoch",
         description="When to validate (needs valid_data): every epoch, every eval_steps updates, or never.",
@@ -222,6 +234,16 @@ class TrainingSettings(_Form):
         default=0.2,
         description="Probability that a record's entity labels are replaced by 'entity 1..n' while training "
         "(gliner2's own augmentation; its default 0.2).",
+    )
+    label_subset_prob: Fraction = Field(
+        default=1.0,
+        description="Early in training, probability that a record is asked only some of its entity labels, so that "
+        "shuffled label orders do not erase which label is which (the marker before each label name must learn to "
+        "carry that name); 0 turns it off.",
+    )
+    label_subset_until: Fraction = Field(
+        default=0.5,
+        description="Fraction of the epochs (the first ones) during which label_subset_prob applies.",
     )
     repair_count_head: bool = Field(
         default=False,

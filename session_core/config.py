@@ -19,6 +19,7 @@ import fsspec
 from prefect_gliner2.session_core.config_checks import FIELD_KINDS, check_config
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, greater_is_better_for
+from prefect_gliner2.session_core.recipes import DEFAULT_RECIPE, RECIPE_FIELDS, RECIPES
 
 __all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "OWN_FIELDS", "TrainingConfig", "read_config_file"]
 
@@ -33,6 +34,9 @@ OWN_FIELDS: frozenset[str] = frozenset(
         "shuffle_entity_labels",
         "negative_label_prob",
         "synthetic_entity_label_prob",
+        "label_subset_prob",
+        "label_subset_until",
+        "recipe",
         "repair_count_head",
     }
 )
@@ -70,6 +74,13 @@ class TrainingConfig:
     random order), ``negative_label_prob`` (each entity label of the training data that a record does not list is
     asked with an empty answer with this probability, so the model learns to say "none"), and
     ``synthetic_entity_label_prob`` (gliner2's: a record's labels replaced by "entity 1..n"; gliner2's default 0.2).
+    So that shuffling does not erase which label is which (augment.py says why it can): during the first
+    ``label_subset_until`` fraction of the epochs (default 0.5), each record asking two or more entity labels is asked
+    a random proper subset of them, with probability ``label_subset_prob`` (default 1.0; 0 turns it off).
+
+    ``recipe`` (``session_core.recipes``): ``"gliner2"`` (default) to continue training a trained GLiNER2 model,
+    ``"from-encoder"`` for a model ``prefect-gliner2 init-model`` built on a pretrained encoder (fresh heads). It sets
+    ``encoder_lr``, ``task_lr`` and ``warmup_ratio`` unless they are given (``None`` means "the recipe's").
 
     ``repair_count_head``: the pre-flight before training (``runtime.preflight``) stops a span model whose count head
     predicts 0 for every label (it would extract nothing); True pins that head to one instance per label instead
@@ -98,15 +109,15 @@ class TrainingConfig:
     batch_size: int = 2
     eval_batch_size: int = 8
     gradient_accumulation_steps: int = 1
-    encoder_lr: float = 1e-5
-    task_lr: float = 5e-4
+    encoder_lr: float | None = None  # resolved from the recipe: 1e-5 for "gliner2"
+    task_lr: float | None = None  # resolved from the recipe: 5e-4 for "gliner2"
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
     scheduler_type: str = "linear"
-    warmup_ratio: float = 0.1
+    warmup_ratio: float | None = None  # resolved from the recipe: 0.1
     warmup_steps: int = 0
     num_cycles: float = 0.5
     fp16: bool | None = None
@@ -156,6 +167,9 @@ class TrainingConfig:
     shuffle_entity_labels: bool = True
     negative_label_prob: float = 0.5
     synthetic_entity_label_prob: float = 0.2
+    label_subset_prob: float = 1.0
+    label_subset_until: float = 0.5
+    recipe: str = DEFAULT_RECIPE
     repair_count_head: bool = False
 
     def __post_init__(self) -> None:
@@ -191,6 +205,10 @@ class TrainingConfig:
         if "metric_for_best" not in changes and "eval_extraction" in changes:
             if self.metric_for_best == (DEFAULT_METRIC if self.eval_extraction else "eval_loss"):
                 changes["metric_for_best"] = None  # a defaulted metric follows eval_extraction
+        if "recipe" in changes and changes["recipe"] in RECIPES:
+            for name in RECIPE_FIELDS:  # a field the old recipe set follows the new recipe
+                if name not in changes and getattr(self, name) == RECIPES[self.recipe][name]:
+                    changes[name] = None
         if "greater_is_better" not in changes and "metric_for_best" in changes:
             if self.greater_is_better == greater_is_better_for(str(self.metric_for_best)):
                 changes["greater_is_better"] = None  # a defaulted direction follows the metric

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, greater_is_better_for, is_extraction_metric
+from prefect_gliner2.session_core.recipes import DEFAULT_RECIPE, RECIPE_FIELDS, RECIPES
 
 #: The object checked: a TrainingConfig while it is constructed (``config.py`` calls ``check_config`` from
 #: ``__post_init__``). This module reads and normalises its fields by name (``FIELD_KINDS``, kept equal to the
@@ -80,6 +81,8 @@ FIELD_KINDS: dict[str, str] = {
             "lora_dropout",
             "negative_label_prob",
             "synthetic_entity_label_prob",
+            "label_subset_prob",
+            "label_subset_until",
         ],
         _FLOAT,
     ),
@@ -117,6 +120,7 @@ FIELD_KINDS: dict[str, str] = {
             "metric_for_best",
             "on_capacity_exceeded",
             "float32_matmul_precision",
+            "recipe",
         ],
         _STR,
     ),
@@ -144,6 +148,10 @@ def _normalize(cfg: ConfigFields) -> None:
     if cfg.metric_for_best is None:
         extraction = cfg.eval_extraction if isinstance(cfg.eval_extraction, bool) else True
         object.__setattr__(cfg, "metric_for_best", DEFAULT_METRIC if extraction else "eval_loss")
+    recipe = RECIPES.get(cfg.recipe) if isinstance(cfg.recipe, str) else None
+    for name in RECIPE_FIELDS:  # an unknown recipe is reported by _check_choices; resolve as the default meanwhile
+        if getattr(cfg, name) is None:
+            object.__setattr__(cfg, name, (recipe or RECIPES[DEFAULT_RECIPE])[name])
     if cfg.greater_is_better is None and isinstance(cfg.metric_for_best, str):
         object.__setattr__(cfg, "greater_is_better", greater_is_better_for(cfg.metric_for_best))
     for name, kind in FIELD_KINDS.items():
@@ -300,6 +308,10 @@ def _check_choices(cfg: ConfigFields) -> list[str]:
         f"scheduler_type must be one of {list(SCHEDULER_TYPES)}, got {cfg.scheduler_type!r}",
     )
     need(
+        cfg.recipe in RECIPES,
+        f"recipe must be one of {list(RECIPES)} ('from-encoder' for a model built by init-model), got {cfg.recipe!r}",
+    )
+    need(
         cfg.eval_strategy in EVAL_STRATEGIES,
         f"eval_strategy must be one of {list(EVAL_STRATEGIES)}, got {cfg.eval_strategy!r}",
     )
@@ -311,7 +323,7 @@ def _check_choices(cfg: ConfigFields) -> list[str]:
     need(bool(cfg.metric_for_best), "metric_for_best must be a non-empty metric name such as 'eval_f1'")
     need(0.0 <= cfg.eval_threshold <= 1.0, f"eval_threshold must be in [0, 1], got {cfg.eval_threshold}")
     need(cfg.label_order_trials >= 1, f"label_order_trials must be >= 1, got {cfg.label_order_trials}")
-    for name in ("negative_label_prob", "synthetic_entity_label_prob"):
+    for name in ("negative_label_prob", "synthetic_entity_label_prob", "label_subset_prob", "label_subset_until"):
         need(0.0 <= getattr(cfg, name) <= 1.0, f"{name} must be a probability in [0, 1], got {getattr(cfg, name)}")
     need(
         cfg.eval_extraction or not is_extraction_metric(str(cfg.metric_for_best)),

@@ -1,7 +1,7 @@
 """Content-addressed training plan: which rows form each batch, and where updates, epochs and validations fall.
 
-Algorithm, version ``PLAN_ALGORITHM_VERSION = 2`` (any change to it must bump the version; v2 added negative
-labels):
+Algorithm, version ``PLAN_ALGORITHM_VERSION = 3`` (any change to it must bump the version; v2 added negative
+labels, v3 label subsets):
 
 Random stream. ``random_keys(seed, epoch, purpose, count)`` returns ``count`` unsigned 64-bit keys: key ``j`` is
 bytes ``[8j, 8j + 8)``, read little-endian, of SHAKE-256 of the ASCII string
@@ -31,6 +31,10 @@ Negative labels (v2): a batch's records carry, with probability ``config.negativ
 labels of the training data they do not list, as empty answers; the draw depends only on (seed, epoch, row)
 (see ``augment.py``), never on a random stream's state.
 
+Label subsets (v3): then, during epochs ``e < config.label_subset_until * num_epochs``, a record whose entity task
+asks two or more labels is asked a random proper non-empty subset of them instead, with probability
+``config.label_subset_prob``; again from (seed, epoch, row) only (``augment.with_label_subset``).
+
 Validation after batch ``i``'s update: ``eval_strategy="epoch"``: every epoch end (including the plan's last
 batch); ``"steps"``: every update that makes the step count a multiple of ``eval_steps`` (epoch-end flushes
 included); ``"no"``: never. Like the native trainer, no extra validation is added at the end of a "steps" plan.
@@ -52,7 +56,12 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-from prefect_gliner2.session_core.augment import entity_label_set, with_negative_labels
+from prefect_gliner2.session_core.augment import (
+    entity_label_set,
+    label_subset_probability,
+    with_label_subset,
+    with_negative_labels,
+)
 from prefect_gliner2.session_core.canonical import RecordSet, canonical_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
@@ -249,18 +258,26 @@ class ManagedTrainingPlan:
         )
 
     def _augmented(self, rows: tuple[int, ...], epoch: int) -> list[dict[str, Any]]:
-        """The rows' canonical records with negative labels added (``negative_label_prob``; see augment.py)."""
+        """The rows' canonical records with negative labels added (``negative_label_prob``), then some asked a subset
+        of their labels (``label_subset_prob``); see augment.py."""
+        cfg = self._config
         examples = self._records.examples(rows)
-        probability = float(self._config.negative_label_prob)
-        if probability <= 0.0:
-            return examples
-        if self._entity_labels is None:
-            self._entity_labels = entity_label_set(self._records.examples())
-        seed = int(self._config.seed)
-        return [
-            with_negative_labels(example, self._entity_labels, probability, seed=seed, epoch=epoch, row=row)
-            for example, row in zip(examples, rows, strict=True)
-        ]
+        seed = int(cfg.seed)
+        negatives = float(cfg.negative_label_prob)
+        if negatives > 0.0:
+            if self._entity_labels is None:
+                self._entity_labels = entity_label_set(self._records.examples())
+            examples = [
+                with_negative_labels(example, self._entity_labels, negatives, seed=seed, epoch=epoch, row=row)
+                for example, row in zip(examples, rows, strict=True)
+            ]
+        subsets = label_subset_probability(cfg.label_subset_prob, cfg.label_subset_until, epoch, self._num_epochs)
+        if subsets > 0.0:
+            examples = [
+                with_label_subset(example, subsets, seed=seed, epoch=epoch, row=row)
+                for example, row in zip(examples, rows, strict=True)
+            ]
+        return examples
 
     def updates(self) -> list[int]:
         """Indices of every batch followed by an optimizer step, in order (``len == max_steps``)."""

@@ -12,7 +12,7 @@ from array import array
 
 __all__ = ["PLAN_ALGORITHM_VERSION", "group_by_length", "random_keys", "shuffled"]
 
-PLAN_ALGORITHM_VERSION = 2
+PLAN_ALGORITHM_VERSION = 3
 
 
 def shuffled(count: int, seed: int, epoch: int, purpose: str) -> list[int]:

@@ -283,6 +283,9 @@ def test_to_native_kwargs_maps_every_field() -> None:
         "shuffle_entity_labels",
         "negative_label_prob",
         "synthetic_entity_label_prob",
+        "label_subset_prob",
+        "label_subset_until",
+        "recipe",
         "repair_count_head",
     }
     assert kwargs["lora_target_modules"] == ["encoder"] and isinstance(kwargs["lora_target_modules"], list)

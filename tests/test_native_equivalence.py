@@ -72,9 +72,11 @@ class PlanOrderTrainer(ExtractorTrainer):
 
 @pytest.mark.parametrize(("arch", "lora"), CASES, ids=CASE_IDS)
 def test_session_reproduces_native_train_bitwise(arch, lora, tmp_path):
-    # negative labels are a data-level augmentation of the plan (augment.py) that native train() does not have; the
-    # processor's sampling (entity label shuffling, synthetic labels) is gliner2's own and is compared as configured
-    config = make_config(arch, lora, output_dir=str(tmp_path / "native"), negative_label_prob=0.0)
+    # negative labels and label subsets are data-level augmentations of the plan (augment.py) that native train() does
+    # not have; the processor's sampling (entity label shuffling, synthetic labels) is gliner2's own and is compared
+    config = make_config(
+        arch, lora, output_dir=str(tmp_path / "native"), negative_label_prob=0.0, label_subset_prob=0.0
+    )
     plan = make_plan(arch, config)
 
     session = TrainingSession(make_model(arch), config, max_steps=plan.max_steps)

@@ -74,13 +74,15 @@ def test_seven_records_batch_two_accumulation_three_two_epochs_by_hand() -> None
 
 def test_golden_rows_and_fingerprint_pin_the_algorithm() -> None:
     """If this fails, the plan algorithm changed: bump PLAN_ALGORITHM_VERSION and update the golden values."""
-    assert PLAN_ALGORITHM_VERSION == 2  # v2: negative labels in the batches (augment.py); the rows did not move
+    # v2: negative labels in the batches (augment.py); v3: label subsets in the first epochs; the rows did not move
+    assert PLAN_ALGORITHM_VERSION == 3
     plan = _plan(7, batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(plan) == [(2, 6), (5, 1), (4, 3), (0,), (4, 1), (2, 6), (0, 5), (3,)]
     # the fingerprint also covers the config's fields: it moved when eval_extraction / eval_threshold and the eval_f1
     # selection default arrived, again with the augmentation settings and label_order_trials, and with
-    # repair_count_head (it changes the weights a run starts from); the rows did not move
-    assert plan.fingerprint == "95740121a4c12fb322be276c724db3e00f4457f517ff2c7af95e20bb85eb6262"
+    # repair_count_head (it changes the weights a run starts from), and with plan algorithm v3 and its fields
+    # (label_subset_prob, label_subset_until) and the recipe; the rows did not move
+    assert plan.fingerprint == "878f80ca1845a80126ec0a6c1210e445a9e7e55c1d736bf0c66788bf8f41f75c"
     grouped = _plan(7, "boundary", batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(grouped) == [(5, 1), (2, 6), (4, 0), (3,), (2, 6), (1, 5), (4, 0), (3,)]
 
@@ -251,7 +253,7 @@ def test_fingerprint_covers_records_config_and_architecture() -> None:
     payload = {
         "architecture": "span",
         "config": base.config.fingerprint_fields(),
-        "plan_algorithm_version": 2,
+        "plan_algorithm_version": 3,
         "record_count": 10,
         "records_sha256": hashlib.sha256(b"".join(base.records.digest(i) for i in range(10))).hexdigest(),
     }
@@ -360,7 +362,9 @@ def test_negative_labels_are_drawn_per_seed_epoch_and_row() -> None:
         {"input": "Acme hired", "output": {"entities": {"company": ["Acme"]}}},
         {"input": "a topic", "output": {"classifications": [{"task": "t", "labels": ["a", "b"], "true_label": ["a"]}]}},
     ] * 4
-    config = TrainingConfig(**training_config(negative_label_prob=0.5, num_epochs=3, gradient_accumulation_steps=1))
+    config = TrainingConfig(
+        **training_config(negative_label_prob=0.5, label_subset_prob=0.0, num_epochs=3, gradient_accumulation_steps=1)
+    )
     plan = ManagedTrainingPlan(records, config, architecture="span")
     again = ManagedTrainingPlan(records, config, architecture="span")
     batches = [plan.batch(i) for i in range(plan.batch_count)]
@@ -378,8 +382,44 @@ def test_negative_labels_are_drawn_per_seed_epoch_and_row() -> None:
             assert extra <= {"person", "city", "company"} and all(entities[label] == [] for label in extra)
             added += len(extra)
     assert 0 < added < sum(len(b.rows) for b in batches) * 2  # some, not all (p = 0.5)
-    none = TrainingConfig(**training_config(negative_label_prob=0.0, num_epochs=3, gradient_accumulation_steps=1))
+    none = TrainingConfig(
+        **training_config(negative_label_prob=0.0, label_subset_prob=0.0, num_epochs=3, gradient_accumulation_steps=1)
+    )
     plain = ManagedTrainingPlan(records, none, architecture="span")
+    assert all(
+        [records[r] for r in b.rows] == [dict(e) for e in b.examples]
+        for b in (plain.batch(i) for i in range(plain.batch_count))
+    )
+
+
+def test_label_subsets_ask_a_proper_subset_early_and_every_label_later() -> None:
+    """With label_subset_prob 1 and label_subset_until 0.5, each multi-label record of the first half of the epochs
+    asks a non-empty proper subset of its labels (with their own mentions), the same on every call; later epochs ask
+    every label; a one-label record is never cut."""
+    records = [
+        {"input": "Acme opened a branch in Paris", "output": {"entities": {"company": ["Acme"], "city": ["Paris"]}}},
+        {"input": "Ada met Bob in Rome", "output": {"entities": {"person": ["Ada", "Bob"], "city": ["Rome"], "x": []}}},
+        {"input": "Ada", "output": {"entities": {"person": ["Ada"]}}},
+    ] * 3
+    settings = dict(negative_label_prob=0.0, num_epochs=4, gradient_accumulation_steps=1)
+    config = TrainingConfig(**training_config(**settings, label_subset_prob=1.0, label_subset_until=0.5))
+    plan = ManagedTrainingPlan(records, config, architecture="span")
+    batches = [plan.batch(i) for i in range(plan.batch_count)]
+    assert batches == [ManagedTrainingPlan(records, config, architecture="span").batch(i) for i in range(len(batches))]
+    kept: set[tuple[str, ...]] = set()
+    for batch in batches:
+        for row, example in zip(batch.rows, batch.examples, strict=True):
+            own = records[row]["output"]["entities"]
+            asked = example["output"]["entities"]
+            assert asked == {label: own[label] for label in asked}  # a subset, mentions untouched
+            if batch.epoch >= 2 or len(own) == 1:
+                assert asked == own
+            else:
+                assert 0 < len(asked) < len(own)
+                kept.add(tuple(asked))
+    assert len(kept) > 2  # different subsets across records and epochs
+    off = TrainingConfig(**training_config(**settings, label_subset_prob=0.0))
+    plain = ManagedTrainingPlan(records, off, architecture="span")
     assert all(
         [records[r] for r in b.rows] == [dict(e) for e in b.examples]
         for b in (plain.batch(i) for i in range(plain.batch_count))

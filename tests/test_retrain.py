@@ -238,7 +238,12 @@ def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatc
     monkeypatch.setattr(flow_events, "emit_event", lambda **kw: None)
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(16, seed=99))
     test = write_jsonl(tmp_path / "test.jsonl", tiny_records(24, seed=98))
-    no_augmentation = {"shuffle_entity_labels": False, "negative_label_prob": 0.0, "synthetic_entity_label_prob": 0.0}
+    no_augmentation = {
+        "shuffle_entity_labels": False,
+        "negative_label_prob": 0.0,
+        "synthetic_entity_label_prob": 0.0,
+        "label_subset_prob": 0.0,
+    }
     learns = training_config(
         batch_size=8, gradient_accumulation_steps=1, num_epochs=12, encoder_lr=5e-3, task_lr=2e-2, **no_augmentation
     )

@@ -473,6 +473,7 @@ def test_trained_tiny_span_model_extracts_only_with_a_count_above_zero(offline, 
         # the count head is the subject here, not label-order robustness: train in the order this test asks
         shuffle_entity_labels=False,
         negative_label_prob=0.0,
+        label_subset_prob=0.0,
     )
     plan = ManagedTrainingPlan(tiny_records(64, seed=1), config, architecture="span")
     with ManagedTraining(TrainingSession(model, config, max_steps=plan.max_steps), plan) as run:

@@ -27,7 +27,9 @@ class UsageError(Exception):
 
 
 def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
-    """--model, --train (repeatable), --valid (repeatable), --config, and the data format arguments."""
+    """--model, --train (repeatable), --valid (repeatable), --config, --recipe and the data format arguments."""
+    from prefect_gliner2.session_core.recipes import RECIPES
+
     parser.add_argument("--model", required=True, help="model directory, Hugging Face id, or tiny:span / tiny:boundary")
     parser.add_argument(
         "--train", required=True, action="append", help="training data path or URL, in any --format (repeatable)"
@@ -37,6 +39,12 @@ def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) ->
     if not config_required:
         config_help += " (default: the documented defaults; precision chosen for the device when the file names none)"
     parser.add_argument("--config", required=config_required, help=config_help)
+    parser.add_argument(
+        "--recipe",
+        choices=list(RECIPES),
+        help="learning rates and warmup for where the model starts (replaces the config's recipe): gliner2 to "
+        "continue a trained GLiNER2 model, from-encoder for a model built by init-model (fresh heads)",
+    )
     format_arguments(parser)
 
 
@@ -100,6 +108,8 @@ def inputs(args: Any) -> tuple[Any, Any, Any]:
     config, chosen = training_config(args.config, getattr(args, "device", None))
     if chosen:
         print(f"prefect-gliner2 {args.command}: {chosen}", file=sys.stderr)
+    if getattr(args, "recipe", None):
+        config = config.replace(recipe=args.recipe)
     if getattr(args, "storage", None):
         check_storage(args.storage)
     train, valid = read_files(args.train, args, "training"), read_files(args.valid, args, "validation")

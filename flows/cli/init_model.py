@@ -35,5 +35,9 @@ def run(args: Any) -> int:
     from prefect_gliner2.runtime.model_init import init_model
 
     result = init_model(args.encoder, args.architecture, args.out, seed=args.seed)
-    print(json.dumps(dataclasses.asdict(result), indent=1) if args.json else result.describe())
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), indent=1))
+    else:
+        print(result.describe())
+        print(f"train it with its heads' recipe: prefect-gliner2 train --model {result.out} --recipe from-encoder ...")
     return 0

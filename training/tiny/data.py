@@ -17,6 +17,7 @@ __all__ = [
     "TINY_WORDS",
     "tiny_records",
     "tiny_vocab",
+    "two_label_records",
 ]
 
 # BERT-style specials first, so [PAD] is id 0 (BertConfig.pad_token_id default).
@@ -250,4 +251,37 @@ def tiny_records(n: int, seed: int = 0, *, classifications: bool = False) -> lis
             entities["person"].append(subject)
         output["entities"] = {kind: mentions for kind, mentions in entities.items() if mentions}
         records.append({"input": " ".join(sentences), "output": output})
+    return records
+
+
+_TWO_LABEL_TEMPLATES = (
+    "{o} opened a new branch in {c}.",
+    "The {o} headquarters is in {c}.",
+    "{o} announced plans to expand into {c}.",
+    "It was a very nice morning in {c}.",
+    "{o} signed the contract.",
+    "They flew from {c} to {c2}.",
+    "{o} and {o2} signed a deal.",
+)
+
+
+def two_label_records(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` one-sentence records of two cleanly separable labels, ``company`` (company names) and ``city`` (city
+    names), every record listing both (one may be empty): the label-identity case of issue 43, where a model that
+    ignores which label it is asked tags every mention with both. Record ``i`` depends only on ``(seed, i)``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    check_seed(seed)
+    records: list[dict[str, Any]] = []
+    for index in range(n):
+        rng = random.Random(f"prefect-gliner2-two-label:{seed}:{index}")
+        template = rng.choice(_TWO_LABEL_TEMPLATES)
+        companies = [_title(name) for name in rng.sample(_COMPANY_NAMES, 2)]
+        cities = [_title(name) for name in rng.sample([c for c in _CITIES if " " not in c], 2)]
+        text = template.format(o=companies[0], o2=companies[1], c=cities[0], c2=cities[1])
+        entities = {
+            "company": [name for key, name in (("{o}", companies[0]), ("{o2}", companies[1])) if key in template],
+            "city": [name for key, name in (("{c}", cities[0]), ("{c2}", cities[1])) if key in template],
+        }
+        records.append({"input": text, "output": {"entities": entities}})
     return records
