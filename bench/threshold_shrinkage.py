@@ -1,0 +1,281 @@
+"""Which per-label threshold fit generalises to held-out records: fitted on validation, scored on unseen records.
+
+    python bench/threshold_shrinkage.py [--out /tmp/thr-bench] [--seeds 1 2] [--epochs 2 4 8] [--repeats 8]
+
+Models: the demo's tiny span models (a DeBERTa-style and a BERT-style encoder, ``tiny:span:64x2[:deberta]``) trained
+with the demo's config on 300 generated records, one per ``--seeds`` value, and snapshotted after each of
+``--epochs`` (early snapshots are the badly calibrated models where thresholds matter most). Each snapshot extracts
+a validation pool (200 records) and a held-out set (200 records) once, at the fit's floor with confidences, each
+record's labels in its seeded shuffled order; the extractions are cached under ``--out`` (delete it to retrain).
+
+Then, per snapshot, for validation sets of 20, 40 and 100 records (``--repeats`` seeded draws from the pool), every
+fitting rule below fits thresholds on the validation set and the held-out set is scored at them. Printed per rule
+and validation size: mean held-out micro F1, macro F1 (over labels with gold), the worst label's F1, and how many
+(snapshot, draw, label) cases with held-out gold scored 0; then the same means per snapshot for the chosen rule.
+
+Rules (each but ``micro-old`` ends with the product's guard: a label with gold whose F1 is 0 at its value gets its
+own best value when that scores more):
+
+- ``micro-old``: the old rule, no guard: each label with >= 10 gold items gets the value that maximises micro F1
+  with the others held;
+- ``micro``: the same with the guard;
+- ``own-m``: each label with >= m gold items gets the value that maximises its own F1, the others the global one;
+- ``blend-k``: the own value and the global value averaged with weight n / (n + k) on the own one (n: the label's
+  gold items), snapped to the grid;
+- ``crossfit``: the product's rule (``session_core/threshold_fit.py``): a label with >= 10 gold items gets its own
+  value when that beats the global value on the other half in two-fold cross-fitting; ``crossfit-1`` from one item;
+- ``oracle``: own values fitted on the held-out set itself (an upper bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from prefect_gliner2.session_core.scoring import DatasetSchema, score_records  # noqa: E402
+from prefect_gliner2.session_core.threshold_fit import (  # noqa: E402
+    best_index,
+    fit_table,
+    guarded,
+    micro_f1,
+)
+from prefect_gliner2.session_core.threshold_table import GRID, KIND_OF, ThresholdTable, with_threshold  # noqa: E402
+from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, Thresholds  # noqa: E402
+
+MODELS = ("tiny:span:64x2:deberta", "tiny:span:64x2")
+POOL, HELD_OUT, TRAIN = 200, 200, 300
+SIZES = (20, 40, 100)
+Fit = Callable[[ThresholdTable], Thresholds]
+
+
+# ------------------------------------------------------------------------------------------- the extractions
+
+
+def extractions(out: Path, seeds: Sequence[int], epochs: Sequence[int]) -> list[dict[str, Any]]:
+    """Per (model, seed, epoch): gold and floor extractions of the validation pool and the held-out set (cached)."""
+    snapshots = []
+    for source in MODELS:
+        for seed in seeds:
+            path = out / f"{source.replace(':', '_')}-seed{seed}.json"
+            if not path.exists():
+                started = time.perf_counter()
+                path.write_text(json.dumps(_train_and_extract(source, seed, epochs)))
+                print(f"trained and extracted {source} seed {seed} in {time.perf_counter() - started:.0f} s")
+            for epoch, data in json.loads(path.read_text()).items():
+                if int(epoch) in epochs:
+                    snapshots.append({"name": f"{source.split(':')[-1]} s{seed} e{epoch}", **data})
+    return snapshots
+
+
+def _train_and_extract(source: str, seed: int, epochs: Sequence[int]) -> dict[str, Any]:
+    from prefect_gliner2.flows.demo import DEMO_CONFIG
+    from prefect_gliner2.runtime.model_sources import load_model
+    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.session_core.tiny import tiny_records
+
+    config = TrainingConfig(**{**DEMO_CONFIG, "seed": seed, "num_epochs": max(epochs), "eval_strategy": "no"})
+    plan = ManagedTrainingPlan(tiny_records(TRAIN, seed=seed), config, architecture="span")
+    session = TrainingSession(load_model(source), config, max_steps=plan.max_steps)
+    sets = {"valid": tiny_records(POOL, seed=1000 + seed), "test": tiny_records(HELD_OUT, seed=2000 + seed)}
+    out: dict[str, Any] = {}
+    try:
+        for i in range(plan.batch_count):
+            session.forward_backward(plan.batch(i))
+            if plan.is_update(i):
+                session.optim_step()
+            epoch = plan.epoch(i) + 1
+            if plan.is_epoch_end(i) and epoch in epochs:
+                out[str(epoch)] = {name: _floor(session, records, seed) for name, records in sets.items()}
+    finally:
+        session.close()
+    return out
+
+
+def _floor(session: Any, records: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    from prefect_gliner2.session_core.label_order import SHUFFLED, extraction_schemas
+    from prefect_gliner2.session_core.pairs import to_pairs
+    from prefect_gliner2.session_core.threshold_table import FLOOR
+
+    pairs = to_pairs(records)
+    gold = [output for _, output in pairs]
+    schemas = extraction_schemas(gold, label_order=SHUFFLED, seed=seed)
+    texts = [text for text, _ in pairs]
+    predicted = session.extract(texts, schemas, threshold=FLOOR, batch_size=8, include_confidence=True)
+    return {"gold": gold, "predicted": predicted}
+
+
+# ------------------------------------------------------------------------------------------------- the rules
+
+
+def _global_index(table: ThresholdTable, records: Sequence[int] | None = None) -> int:
+    counts = table.counts(records)
+    fixed = table.fixed(records)
+    scores = [micro_f1(counts, dict.fromkeys(counts, i), fixed) for i in range(len(GRID))]
+    return best_index(scores, DEFAULT_THRESHOLD)
+
+
+def _as_thresholds(table: ThresholdTable, g: int, choice: dict[tuple[str, str], int]) -> Thresholds:
+    per_label: dict[str, dict[str, float]] = {kind: {} for kind in KIND_OF.values()}
+    for key, i in choice.items():
+        if i != g:
+            per_label[KIND_OF[key[0]]][key[1]] = GRID[i]
+    return Thresholds(threshold=GRID[g], **per_label, fitted=True)
+
+
+def micro_rule(guard: bool) -> Fit:
+    """The old rule: coordinate ascent on micro F1, labels with >= 10 gold items in (kind, label) order."""
+
+    def fit(table: ThresholdTable) -> Thresholds:
+        counts, fixed = table.counts(), table.fixed()
+        g = _global_index(table)
+        choice = dict.fromkeys(counts, g)
+        for key in table.labels:
+            if counts[key][0].support >= 10:
+                scores = [micro_f1(counts, {**choice, key: i}, fixed) for i in range(len(GRID))]
+                choice[key] = best_index(scores, GRID[g])
+        return _as_thresholds(table, g, guarded(counts, choice) if guard else choice)
+
+    return fit
+
+
+def own_rule(min_support: int) -> Fit:
+    def fit(table: ThresholdTable) -> Thresholds:
+        counts = table.counts()
+        g = _global_index(table)
+        choice = {
+            key: best_index([c.f1 for c in counts[key]], GRID[g]) if counts[key][0].support >= min_support else g
+            for key in table.labels
+        }
+        return _as_thresholds(table, g, guarded(counts, choice))
+
+    return fit
+
+
+def blend_rule(k: float) -> Fit:
+    def fit(table: ThresholdTable) -> Thresholds:
+        counts = table.counts()
+        g = _global_index(table)
+        choice = {}
+        for key in table.labels:
+            n = counts[key][0].support
+            own = best_index([c.f1 for c in counts[key]], GRID[g])
+            value = (n * GRID[own] + k * GRID[g]) / (n + k)
+            choice[key] = min(range(len(GRID)), key=lambda i: (abs(GRID[i] - value), GRID[i]))
+        return _as_thresholds(table, g, guarded(counts, choice))
+
+    return fit
+
+
+def crossfit_rule(min_support: int) -> Fit:
+    def fit(table: ThresholdTable) -> Thresholds:
+        return fit_table(table, min_support=min_support)
+
+    return fit
+
+
+RULES: dict[str, Fit] = {
+    "micro-old": micro_rule(guard=False),
+    "micro": micro_rule(guard=True),
+    "own-1": own_rule(1),
+    "own-10": own_rule(10),
+    "own-20": own_rule(20),
+    "own-40": own_rule(40),
+    "blend-10": blend_rule(10),
+    "blend-30": blend_rule(30),
+    "crossfit-1": crossfit_rule(1),
+    "crossfit": crossfit_rule(10),
+}
+
+
+# -------------------------------------------------------------------------------------------- the comparison
+
+
+def held_out(snapshot: dict[str, Any], thresholds: Thresholds) -> dict[str, float]:
+    gold, predicted = snapshot["test"]["gold"], snapshot["test"]["predicted"]
+    dataset = DatasetSchema.of(gold)
+    structures = list(dataset.structures)
+    report = score_records(gold, [with_threshold(p, thresholds, structures) for p in predicted], dataset)
+    with_gold = [c for c in report.labels.values() if c.support]
+    return {
+        "micro": report.total().f1,
+        "macro": statistics.fmean(c.f1 for c in with_gold),
+        "worst": min(c.f1 for c in with_gold),
+        "zero": float(sum(1 for c in with_gold if c.f1 == 0.0)),
+    }
+
+
+def compare(snapshots: list[dict[str, Any]], repeats: int) -> dict[str, dict[int, list[dict[str, float]]]]:
+    results: dict[str, dict[int, list[dict[str, float]]]] = {name: {n: [] for n in SIZES} for name in RULES}
+    results["oracle"] = {n: [] for n in SIZES}
+    for snapshot in snapshots:
+        test_table = ThresholdTable.of(snapshot["test"]["gold"], snapshot["test"]["predicted"])
+        oracle = held_out(snapshot, own_rule(1)(test_table))
+        pool = snapshot["valid"]
+        for n in SIZES:
+            for r in range(repeats):
+                rows = sorted(random.Random(f"{snapshot['name']}:{n}:{r}").sample(range(POOL), n))
+                table = ThresholdTable.of([pool["gold"][i] for i in rows], [pool["predicted"][i] for i in rows])
+                for name, rule in RULES.items():
+                    results[name][n].append({**held_out(snapshot, rule(table)), "snapshot": snapshot["name"]})
+                results["oracle"][n].append({**oracle, "snapshot": snapshot["name"]})
+    return results
+
+
+def _mean(entries: list[dict[str, Any]], key: str) -> float:
+    return statistics.fmean(float(e[key]) for e in entries)
+
+
+def report(results: dict[str, dict[int, list[dict[str, float]]]]) -> str:
+    lines = ["held-out score of thresholds fitted on n validation records (mean over snapshots x draws)", ""]
+    head = "| rule | " + " | ".join(f"n={n} micro / macro / worst / zero" for n in SIZES) + " |"
+    lines += [head, "|---|" + "---:|" * len(SIZES)]
+    for name, by_size in results.items():
+        cells = [
+            f"{_mean(e, 'micro'):.4f} / {_mean(e, 'macro'):.4f} / {_mean(e, 'worst'):.4f} / "
+            f"{int(sum(x['zero'] for x in e))}"
+            for e in by_size.values()
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "per snapshot, n=40 (the demo's validation size): macro F1 micro-old / crossfit / oracle", ""]
+    for snapshot in dict.fromkeys(e["snapshot"] for e in results["crossfit"][40]):
+        cells = [
+            f"{_mean([e for e in results[rule][40] if e['snapshot'] == snapshot], 'macro'):.4f}"
+            for rule in ("micro-old", "crossfit", "oracle")
+        ]
+        lines.append(f"  {snapshot:<14} " + " / ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="/tmp/thr-bench", help="where the extractions are cached")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--epochs", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--repeats", type=int, default=8, help="validation draws per size and snapshot")
+    parser.add_argument("--json", help="also write the per-draw results here")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results = compare(extractions(out, args.seeds, args.epochs), args.repeats)
+    print(report(results))
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
