@@ -56,6 +56,7 @@ __all__ = [
     "fit_thresholds",
     "fit_with_model",
     "guarded",
+    "macro_f1",
     "micro_f1",
     "with_threshold",
 ]
@@ -79,6 +80,14 @@ def micro_f1(counts: Table, choice: Mapping[LabelKey, int], fixed: Counts | None
     for key, at in counts.items():
         total = total + at[choice[key]]
     return total.f1
+
+
+def macro_f1(counts: Table, choice: Mapping[LabelKey, int], fixed: Mapping[LabelKey, Counts]) -> float:
+    """Macro F1 as ``ScoreReport.macro_f1`` counts it (labels with gold or predicted items), each label at its
+    chosen grid index, classification tasks as extracted."""
+    labels = [at[choice[key]] for key, at in counts.items()] + list(fixed.values())
+    scored = [c.f1 for c in labels if c.support or c.predicted]
+    return sum(scored) / len(scored) if scored else 0.0
 
 
 def guarded(counts: Table, choice: Mapping[LabelKey, int]) -> dict[LabelKey, int]:
@@ -125,6 +134,7 @@ def fit_table(table: ThresholdTable, *, min_support: int = MIN_SUPPORT) -> Thres
     for key, at in choice.items():
         if key in own or at != g:
             per_label[KIND_OF[key[0]]][key[1]] = GRID[at]
+    fixed_labels = table.fixed_labels()
     details = {
         "records": table.records,
         "min_support": min_support,
@@ -132,6 +142,9 @@ def fit_table(table: ThresholdTable, *, min_support: int = MIN_SUPPORT) -> Thres
         "f1": micro_f1(counts, choice, fixed),
         "f1_global": micro_f1(counts, dict.fromkeys(counts, g), fixed),
         "f1_default": micro_f1(counts, dict.fromkeys(counts, DEFAULT_INDEX), fixed),
+        "macro_f1": macro_f1(counts, choice, fixed_labels),
+        "macro_f1_global": macro_f1(counts, dict.fromkeys(counts, g), fixed_labels),
+        "macro_f1_default": macro_f1(counts, dict.fromkeys(counts, DEFAULT_INDEX), fixed_labels),
         "support": {label_name(key): counts[key][0].support for key in table.labels},
         "labels": {label_name(key): _label_details(counts[key], choice[key], g) for key in table.labels},
         "unfound": [label_name(k) for k in table.labels if counts[k][0].support and not any(c.tp for c in counts[k])],
@@ -158,9 +171,10 @@ def fit_thresholds(
 ) -> Thresholds:
     """Thresholds fitted on gold outputs and the payloads extracted for them with confidences at :data:`FLOOR` or
     lower (see the module docstring for the rule). ``details`` records the records, ``min_support``, the micro F1 at
-    the fitted values (``f1``), at the fitted global value alone (``f1_global``) and at 0.5 (``f1_default``), per
-    label (``labels``) its support, value and F1 at it, at the global value and at 0.5, and the labels with gold
-    items that score 0 at every candidate (``unfound``)."""
+    the fitted values (``f1``), at the fitted global value alone (``f1_global``) and at 0.5 (``f1_default``), the
+    same for macro F1 (``macro_f1``, ``macro_f1_global``, ``macro_f1_default``), per label (``labels``) its support,
+    value and F1 at it, at the global value and at 0.5, and the labels with gold items that score 0 at every
+    candidate (``unfound``)."""
     return fit_table(ThresholdTable.of(gold, predictions), min_support=min_support)
 
 

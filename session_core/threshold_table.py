@@ -39,7 +39,7 @@ class ThresholdTable:
 
     labels: tuple[LabelKey, ...]  # the thresholded labels, in (kind, label) order
     rows: tuple[Mapping[LabelKey, tuple[Counts, ...]], ...]  # record -> label -> counts at GRID[i]
-    fixed_rows: tuple[Counts, ...]  # record -> its classification counts
+    fixed_rows: tuple[Mapping[LabelKey, Counts], ...]  # record -> its classification counts per task
 
     @classmethod
     def of(cls, gold: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]) -> ThresholdTable:
@@ -61,7 +61,7 @@ class ThresholdTable:
             {key: tuple(per_record[i][r].get(key, Counts()) for i in range(len(GRID))) for key in labels}
             for r in range(len(gold))
         )
-        fixed = tuple(_classifications(per_record[0][r]) for r in range(len(gold)))
+        fixed = tuple({k: c for k, c in per_record[0][r].items() if k[0] not in KIND_OF} for r in range(len(gold)))
         return cls(labels, rows, fixed)
 
     @property
@@ -78,21 +78,18 @@ class ThresholdTable:
                 out[key] = [a + b for a, b in zip(out[key], row[key], strict=True)]
         return out
 
-    def fixed(self, records: Iterable[int] | None = None) -> Counts:
-        """The classification counts, summed over `records` (all when None)."""
+    def fixed_labels(self, records: Iterable[int] | None = None) -> dict[LabelKey, Counts]:
+        """Each classification task's counts, summed over `records` (all when None)."""
         chosen = range(len(self.rows)) if records is None else records
-        total = Counts()
+        out: dict[LabelKey, Counts] = {}
         for r in chosen:
-            total = total + self.fixed_rows[r]
-        return total
+            for key, counts in self.fixed_rows[r].items():
+                out[key] = out.get(key, Counts()) + counts
+        return out
 
-
-def _classifications(row: Mapping[LabelKey, Counts]) -> Counts:
-    total = Counts()
-    for (kind, _), counts in row.items():
-        if kind == "classifications":
-            total = total + counts
-    return total
+    def fixed(self, records: Iterable[int] | None = None) -> Counts:
+        """The classification counts of all tasks, summed over `records` (all when None)."""
+        return sum(self.fixed_labels(records).values(), Counts())
 
 
 def with_threshold(

@@ -142,8 +142,10 @@ def test_an_imprecise_label_keeps_its_own_value_instead_of_being_silenced() -> N
         "f1_global": 0.0,
         "f1_default": 0.0,
     }
-    # micro F1 at the fit is lower than with day silenced: the price of extracting a label a user asked for
+    # micro F1 at the fit is lower than with day silenced (the price of extracting a label a user asked for), macro
+    # F1 higher
     assert fitted.details["f1"] == 80 / 140 < fitted.details["f1_global"]
+    assert fitted.details["macro_f1"] == 0.7 > fitted.details["macro_f1_global"] == 0.5
     assert fitted.details["unfound"] == []
 
 
@@ -197,7 +199,7 @@ def test_fitted_metrics_score_the_extraction_at_the_fit() -> None:
     gold, predictions = _muted_case()
     metrics = fitted_metrics(gold, predictions)
     assert metrics["eval_f1_fitted"] == 80 / 140 == fit_thresholds(gold, predictions).details["f1"]
-    assert metrics["eval_macro_f1_fitted"] == (1.0 + 0.4) / 2
+    assert metrics["eval_macro_f1_fitted"] == (1.0 + 0.4) / 2 == fit_thresholds(gold, predictions).details["macro_f1"]
     assert metrics["thresholds_fitted"] == {
         "threshold": 0.5,
         "entities": {"day": 0.3},
