@@ -91,6 +91,11 @@ def test_evaluate_uses_the_recorded_thresholds_unless_one_is_passed(tmp_path, ca
     own, printed = evaluate()
     assert own["thresholds"] == {"source": "fitted", **recorded.to_dict()} and own["threshold"] == 0.0
     assert predicted(own, "city") == 0 and predicted(own, "person") > 0  # city's own 1.0 silences it, only it
+    city = next(row for row in own["per_label"] if row["label"] == "city")
+    assert (
+        f"WARNING: F1 0 on these records for label(s) with gold mentions: entities/city ({city['support']} gold)"
+        in (printed)
+    )
     assert (
         "thresholds 0 (entities city 1), fitted on 6 validation records" in printed and "(the model's own)" in printed
     )
