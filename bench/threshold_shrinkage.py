@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from prefect_gliner2.session_core.label_order import SHUFFLED, extraction_schemas  # noqa: E402
+from prefect_gliner2.session_core.pairs import to_pairs  # noqa: E402
 from prefect_gliner2.session_core.scoring import DatasetSchema, score_records  # noqa: E402
 from prefect_gliner2.session_core.threshold_fit import (  # noqa: E402
     best_index,
@@ -51,7 +53,13 @@ from prefect_gliner2.session_core.threshold_fit import (  # noqa: E402
     guarded,
     micro_f1,
 )
-from prefect_gliner2.session_core.threshold_table import GRID, KIND_OF, ThresholdTable, with_threshold  # noqa: E402
+from prefect_gliner2.session_core.threshold_table import (  # noqa: E402
+    FLOOR,
+    GRID,
+    KIND_OF,
+    ThresholdTable,
+    with_threshold,
+)
 from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, Thresholds  # noqa: E402
 
 MODELS = ("tiny:span:64x2:deberta", "tiny:span:64x2")
@@ -104,10 +112,6 @@ def _train_and_extract(source: str, seed: int, epochs: Sequence[int]) -> dict[st
 
 
 def _floor(session: Any, records: list[dict[str, Any]], seed: int) -> dict[str, Any]:
-    from prefect_gliner2.session_core.label_order import SHUFFLED, extraction_schemas
-    from prefect_gliner2.session_core.pairs import to_pairs
-    from prefect_gliner2.session_core.threshold_table import FLOOR
-
     pairs = to_pairs(records)
     gold = [output for _, output in pairs]
     schemas = extraction_schemas(gold, label_order=SHUFFLED, seed=seed)
