@@ -28,6 +28,7 @@ Matching rules (README, "Extraction metrics"):
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,7 +137,7 @@ class ScoreReport:
     @property
     def macro_f1(self) -> float:
         scored = [c.f1 for c in self.labels.values() if c.support or c.predicted]
-        return sum(scored) / len(scored) if scored else 0.0
+        return math.fsum(scored) / len(scored) if scored else 0.0  # fsum: the same value in any label order
 
     def metrics(self) -> dict[str, float]:
         """The validation metrics (names from :mod:`.metrics`)."""

@@ -31,6 +31,7 @@ counts do not depend on the span threshold and are scored as extracted. Determin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,7 +88,7 @@ def macro_f1(counts: Table, choice: Mapping[LabelKey, int], fixed: Mapping[Label
     chosen grid index, classification tasks as extracted."""
     labels = [at[choice[key]] for key, at in counts.items()] + list(fixed.values())
     scored = [c.f1 for c in labels if c.support or c.predicted]
-    return sum(scored) / len(scored) if scored else 0.0
+    return math.fsum(scored) / len(scored) if scored else 0.0
 
 
 def guarded(counts: Table, choice: Mapping[LabelKey, int]) -> dict[LabelKey, int]:
