@@ -79,8 +79,9 @@ def test_golden_rows_and_fingerprint_pin_the_algorithm() -> None:
     assert _all_rows(plan) == [(2, 6), (5, 1), (4, 3), (0,), (4, 1), (2, 6), (0, 5), (3,)]
     # the fingerprint also covers the config's fields: it moved when eval_extraction / eval_threshold and the eval_f1
     # selection default arrived, again with the augmentation settings and label_order_trials, and with
-    # repair_count_head (it changes the weights a run starts from); the rows did not move
-    assert plan.fingerprint == "95740121a4c12fb322be276c724db3e00f4457f517ff2c7af95e20bb85eb6262"
+    # repair_count_head (it changes the weights a run starts from), and with the eval_f1_fitted selection default; the
+    # rows did not move
+    assert plan.fingerprint == "0055e539b57d0a2e174d0589b46de39ac6c65dcc63be22420ba37e492e80692f"
     grouped = _plan(7, "boundary", batch_size=2, gradient_accumulation_steps=3, num_epochs=2)
     assert _all_rows(grouped) == [(5, 1), (2, 6), (4, 0), (3,), (2, 6), (1, 5), (4, 0), (3,)]
 
