@@ -1,6 +1,6 @@
 """Which per-label threshold fit generalises to held-out records: fitted on validation, scored on unseen records.
 
-    python bench/threshold_shrinkage.py [--out /tmp/thr-bench] [--seeds 1 2] [--epochs 2 4 8] [--repeats 8]
+    python bench/threshold_shrinkage.py [--out /tmp/thr-bench] [--seeds 1 2] [--epochs 1 2 4] [--repeats 8]
 
 Models: the demo's tiny span models (a DeBERTa-style and a BERT-style encoder, ``tiny:span:64x2[:deberta]``) trained
 with the demo's config on 300 generated records, one per ``--seeds`` value, and snapshotted after each of
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="/tmp/thr-bench", help="where the extractions are cached")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--epochs", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=8, help="validation draws per size and snapshot")
     parser.add_argument("--json", help="also write the per-draw results here")
     args = parser.parse_args(argv)

@@ -127,9 +127,10 @@ def test_a_training_run_exports_the_selected_step_with_fitted_thresholds(tmp_pat
     from support.flow import make_space, run_flow
 
     space = make_space(tmp_path)
-    # selected by eval_f1 (the default) at 0.5: the tiny model finds nothing at 0.5 at either validation, so the
-    # first (step 3 of 6) stays best (a later one must be strictly better): best != final
-    config = training_config()
+    # selected by eval_f1 at 0.5 (named: the default is the fitted F1, which picks the last step here): the tiny model
+    # finds nothing at 0.5 at either validation, so the first (step 3 of 6) stays best (a later one must be strictly
+    # better): best != final
+    config = training_config(metric_for_best="eval_f1")
     summary = run_flow(
         model=space["span"],
         train_data=space["inputs"]["train"],
