@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prefect_gliner2.session_core.label_order import SHUFFLED, extraction_schemas
@@ -102,32 +103,44 @@ def guarded(counts: Table, choice: Mapping[LabelKey, int]) -> dict[LabelKey, int
     return out
 
 
-def _global_index(table: ThresholdTable, records: Sequence[int] | None = None) -> int:
-    counts = table.counts(records)
-    scores = [micro_f1(counts, dict.fromkeys(counts, i), table.fixed(records)) for i in range(len(GRID))]
+def _global_index(counts: Table, fixed: Counts) -> int:
+    scores = [micro_f1(counts, dict.fromkeys(counts, i), fixed) for i in range(len(GRID))]
     return best_index(scores, DEFAULT_THRESHOLD)
 
 
-def _own_holds_up(table: ThresholdTable, key: LabelKey) -> bool:
-    """Two-fold cross-fitting: does the label's own best value, chosen on one half, beat the global value chosen on
-    that half, when both are scored on the other half (pooled over both directions)?"""
-    halves = [list(range(0, table.records, 2)), list(range(1, table.records, 2))]
-    own, shared = Counts(), Counts()
-    for fit_on, score_on in (halves, halves[::-1]):
-        g = _global_index(table, fit_on)
-        fitted = table.counts(fit_on)[key]
-        scored = table.counts(score_on)[key]
-        own = own + scored[best_index([c.f1 for c in fitted], GRID[g])]
-        shared = shared + scored[g]
-    return own.f1 > shared.f1
+@dataclass(frozen=True)
+class _Halves:
+    """The two halves of the validation records (even and odd positions): each one's counts and global value."""
+
+    counts: tuple[dict[LabelKey, list[Counts]], dict[LabelKey, list[Counts]]]
+    global_index: tuple[int, int]
+
+    @classmethod
+    def of(cls, table: ThresholdTable) -> _Halves:
+        halves = (range(0, table.records, 2), range(1, table.records, 2))
+        counts = (table.counts(halves[0]), table.counts(halves[1]))
+        fixed = (table.fixed(halves[0]), table.fixed(halves[1]))
+        return cls(counts, (_global_index(counts[0], fixed[0]), _global_index(counts[1], fixed[1])))
+
+    def own_holds_up(self, key: LabelKey) -> bool:
+        """Does the label's own best value, chosen on one half, beat the global value chosen on that half, when both
+        are scored on the other half (pooled over both directions)?"""
+        own, shared = Counts(), Counts()
+        for fit_on, score_on in ((0, 1), (1, 0)):
+            g = self.global_index[fit_on]
+            scored = self.counts[score_on][key]
+            own = own + scored[best_index([c.f1 for c in self.counts[fit_on][key]], GRID[g])]
+            shared = shared + scored[g]
+        return own.f1 > shared.f1
 
 
 def fit_table(table: ThresholdTable, *, min_support: int = MIN_SUPPORT) -> Thresholds:
     """Thresholds fitted on a :class:`ThresholdTable` (the module docstring's rule); ``details`` says how."""
     counts, fixed = table.counts(), table.fixed()
-    g = _global_index(table)
+    g = _global_index(counts, fixed)
     choice = dict.fromkeys(table.labels, g)
-    own = {key for key in table.labels if counts[key][0].support >= min_support and _own_holds_up(table, key)}
+    halves = _Halves.of(table)
+    own = {key for key in table.labels if counts[key][0].support >= min_support and halves.own_holds_up(key)}
     for key in own:
         choice[key] = best_index([c.f1 for c in counts[key]], GRID[g])
     choice = guarded(counts, choice)
