@@ -1,10 +1,11 @@
 """Which per-label threshold fit generalises to held-out records: fitted on validation, scored on unseen records.
 
-    python bench/threshold_shrinkage.py [--out /tmp/thr-bench] [--seeds 1 2] [--epochs 1 2 4] [--repeats 8]
+    python bench/threshold_shrinkage.py [--out /tmp/thr-bench] [--seeds 1 2] [--epochs 1 2 4] [--repeats 8] \
+        [--models tiny:span:64x2:deberta tiny:span:64x2]
 
 Models: the demo's tiny span models (a DeBERTa-style and a BERT-style encoder, ``tiny:span:64x2[:deberta]``) trained
-with the demo's config on 300 generated records, one per ``--seeds`` value, and snapshotted after each of
-``--epochs`` (early snapshots are the badly calibrated models where thresholds matter most). Each snapshot extracts
+with the demo's config (for the last of ``--epochs`` epochs) on 300 generated records, one per ``--seeds`` value,
+and snapshotted after each of ``--epochs`` (early snapshots are the badly calibrated models where thresholds matter most). Each snapshot extracts
 a validation pool (200 records) and a held-out set (200 records) once, at the fit's floor with confidences, each
 record's labels in its seeded shuffled order; the extractions are cached under ``--out`` (delete it to retrain).
 
@@ -71,10 +72,12 @@ Fit = Callable[[ThresholdTable], Thresholds]
 # ------------------------------------------------------------------------------------------- the extractions
 
 
-def extractions(out: Path, seeds: Sequence[int], epochs: Sequence[int]) -> list[dict[str, Any]]:
+def extractions(
+    out: Path, seeds: Sequence[int], epochs: Sequence[int], models: Sequence[str] = MODELS
+) -> list[dict[str, Any]]:
     """Per (model, seed, epoch): gold and floor extractions of the validation pool and the held-out set (cached)."""
     snapshots = []
-    for source in MODELS:
+    for source in models:
         for seed in seeds:
             path = out / f"{source.replace(':', '_')}-seed{seed}.json"
             if not path.exists():
@@ -268,12 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=8, help="validation draws per size and snapshot")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help="model sources (default: both encoders)")
     parser.add_argument("--json", help="also write the per-draw results here")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = compare(extractions(out, args.seeds, args.epochs), args.repeats)
+    results = compare(extractions(out, args.seeds, args.epochs, args.models), args.repeats)
     print(report(results))
     print(f"\n({time.perf_counter() - started:.0f} s)")
     if args.json:
