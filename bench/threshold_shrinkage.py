@@ -5,9 +5,10 @@
 
 Models: the demo's tiny span models (a DeBERTa-style and a BERT-style encoder, ``tiny:span:64x2[:deberta]``) trained
 with the demo's config (for the last of ``--epochs`` epochs) on 300 generated records, one per ``--seeds`` value,
-and snapshotted after each of ``--epochs`` (early snapshots are the badly calibrated models where thresholds matter most). Each snapshot extracts
-a validation pool (200 records) and a held-out set (200 records) once, at the fit's floor with confidences, each
-record's labels in its seeded shuffled order; the extractions are cached under ``--out`` (delete it to retrain).
+and snapshotted after each of ``--epochs`` (early snapshots are the badly calibrated models where thresholds matter
+most). Each snapshot extracts a validation pool (200 records) and a held-out set (200 records) once, at the fit's
+floor with confidences, each record's labels in its seeded shuffled order; the extractions are cached under
+``--out`` (delete it to retrain).
 
 Then, per snapshot, for validation sets of 20, 40 and 100 records (``--repeats`` seeded draws from the pool), every
 fitting rule below fits thresholds on the validation set and the held-out set is scored at them. Printed per rule
