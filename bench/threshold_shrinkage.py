@@ -1,14 +1,15 @@
 """Which per-label threshold fit generalises to held-out records: fitted on validation, scored on unseen records.
 
     python bench/threshold_shrinkage.py [--out /tmp/thr-bench] [--seeds 1 2] [--epochs 1 2 4] [--repeats 8] \
-        [--models tiny:span:64x2:deberta tiny:span:64x2]
+        [--models tiny:span:64x2:deberta tiny:span:64x2] [--checkpoints DEMO/runs/demo/checkpoints/step-...]
 
 Models: the demo's tiny span models (a DeBERTa-style and a BERT-style encoder, ``tiny:span:64x2[:deberta]``) trained
 with the demo's config (for the last of ``--epochs`` epochs) on 300 generated records, one per ``--seeds`` value,
 and snapshotted after each of ``--epochs`` (early snapshots are the badly calibrated models where thresholds matter
 most). Each snapshot extracts a validation pool (200 records) and a held-out set (200 records) once, at the fit's
 floor with confidences, each record's labels in its seeded shuffled order; the extractions are cached under
-``--out`` (delete it to retrain).
+``--out`` (delete it to retrain). ``--checkpoints`` adds snapshots of finished ``prefect-gliner2 demo`` runs (their
+weights in the demo's model, extracted the same way): the well-trained end of the range.
 
 Then, per snapshot, for validation sets of 20, 40 and 100 records (``--repeats`` seeded draws from the pool), every
 fitting rule below fits thresholds on the validation set and the held-out set is scored at them. Printed per rule
@@ -89,6 +90,37 @@ def extractions(
                 if int(epoch) in epochs:
                     snapshots.append({"name": f"{source.split(':')[-1]} s{seed} e{epoch}", **data})
     return snapshots
+
+
+def checkpoint_extractions(out: Path, checkpoints: Sequence[str]) -> list[dict[str, Any]]:
+    """Snapshots from finished runs of the demo (``--checkpoints DIR ...``: its checkpoints, weights loaded into the
+    demo's model): the well-trained end of the range, extracted like the others (cached by directory name)."""
+    snapshots = []
+    for uri in checkpoints:
+        name = Path(uri).name
+        path = out / f"checkpoint-{name}.json"
+        if not path.exists():
+            path.write_text(json.dumps(_checkpoint_extract(uri)))
+        snapshots.append({"name": f"demo {name.split('-batch')[0]}", **json.loads(path.read_text())})
+    return snapshots
+
+
+def _checkpoint_extract(uri: str) -> dict[str, Any]:
+    from prefect_gliner2.flows.demo import DEMO_CONFIG, DEMO_MODEL
+    from prefect_gliner2.runtime.model_sources import load_model
+    from prefect_gliner2.session_core import TrainingConfig, TrainingSession
+    from prefect_gliner2.session_core.tiny import tiny_records
+
+    seed = int(DEMO_CONFIG["seed"])
+    session = TrainingSession(
+        load_model(DEMO_MODEL), TrainingConfig(**{**DEMO_CONFIG, "eval_strategy": "no"}), max_steps=1
+    )
+    try:
+        session.load_weights(uri)
+        sets = {"valid": tiny_records(POOL, seed=1000 + seed), "test": tiny_records(HELD_OUT, seed=2000 + seed)}
+        return {name: _floor(session, records, seed) for name, records in sets.items()}
+    finally:
+        session.close()
 
 
 def _train_and_extract(source: str, seed: int, epochs: Sequence[int]) -> dict[str, Any]:
@@ -256,13 +288,11 @@ def report(results: dict[str, dict[int, list[dict[str, float]]]]) -> str:
             for e in by_size.values()
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "per snapshot, n=40 (the demo's validation size): macro F1 micro-old / crossfit / oracle", ""]
+    shown = ("micro-old", "own-1", "own-10", "crossfit-1", "crossfit", "oracle")
+    lines += ["", f"per snapshot, n=40 (the demo's validation size): held-out macro F1 of {' / '.join(shown)}", ""]
     for snapshot in dict.fromkeys(e["snapshot"] for e in results["crossfit"][40]):
-        cells = [
-            f"{_mean([e for e in results[rule][40] if e['snapshot'] == snapshot], 'macro'):.4f}"
-            for rule in ("micro-old", "crossfit", "oracle")
-        ]
-        lines.append(f"  {snapshot:<14} " + " / ".join(cells))
+        cells = [f"{_mean([e for e in results[r][40] if e['snapshot'] == snapshot], 'macro'):.4f}" for r in shown]
+        lines.append(f"  {snapshot:<16} " + " / ".join(cells))
     return "\n".join(lines)
 
 
@@ -273,12 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=8, help="validation draws per size and snapshot")
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="model sources (default: both encoders)")
+    parser.add_argument("--checkpoints", nargs="*", default=[], help="checkpoints of finished demo runs to add")
     parser.add_argument("--json", help="also write the per-draw results here")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = compare(extractions(out, args.seeds, args.epochs, args.models), args.repeats)
+    snapshots = extractions(out, args.seeds, args.epochs, args.models) + checkpoint_extractions(out, args.checkpoints)
+    results = compare(snapshots, args.repeats)
     print(report(results))
     print(f"\n({time.perf_counter() - started:.0f} s)")
     if args.json:
