@@ -25,8 +25,8 @@ own best value when that scores more):
 - ``own-m``: each label with >= m gold items gets the value that maximises its own F1, the others the global one;
 - ``blend-k``: the own value and the global value averaged with weight n / (n + k) on the own one (n: the label's
   gold items), snapped to the grid;
-- ``crossfit``: the product's rule (``session_core/threshold_fit.py``): a label with >= 10 gold items gets its own
-  value when that beats the global value on the other half in two-fold cross-fitting; ``crossfit-1`` from one item;
+- ``crossfit``: the product's rule (``session_core/threshold_fit.py``): a label with gold items gets its own value
+  when that beats the global value on the other half in two-fold cross-fitting; ``crossfit-10`` only from 10 items;
 - ``oracle``: own values fitted on the held-out set itself (an upper bound).
 """
 
@@ -49,7 +49,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from prefect_gliner2.session_core.label_order import SHUFFLED, extraction_schemas  # noqa: E402
 from prefect_gliner2.session_core.pairs import to_pairs  # noqa: E402
-from prefect_gliner2.session_core.scoring import DatasetSchema, score_records  # noqa: E402
 from prefect_gliner2.session_core.threshold_fit import (  # noqa: E402
     best_index,
     fit_table,
@@ -61,7 +60,6 @@ from prefect_gliner2.session_core.threshold_table import (  # noqa: E402
     GRID,
     KIND_OF,
     ThresholdTable,
-    with_threshold,
 )
 from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, Thresholds  # noqa: E402
 
@@ -234,41 +232,45 @@ RULES: dict[str, Fit] = {
     "own-40": own_rule(40),
     "blend-10": blend_rule(10),
     "blend-30": blend_rule(30),
-    "crossfit-1": crossfit_rule(1),
-    "crossfit": crossfit_rule(10),
+    "crossfit-10": crossfit_rule(10),
+    "crossfit": crossfit_rule(1),
 }
 
 
 # -------------------------------------------------------------------------------------------- the comparison
 
 
-def held_out(snapshot: dict[str, Any], thresholds: Thresholds) -> dict[str, float]:
-    gold, predicted = snapshot["test"]["gold"], snapshot["test"]["predicted"]
-    dataset = DatasetSchema.of(gold)
-    structures = list(dataset.structures)
-    report = score_records(gold, [with_threshold(p, thresholds, structures) for p in predicted], dataset)
-    with_gold = [c for c in report.labels.values() if c.support]
+def held_out(test: ThresholdTable, thresholds: Thresholds) -> dict[str, float]:
+    """The held-out counts at `thresholds`, read from the held-out set's table (each label at its grid value)."""
+    counts = test.counts()
+    at = {key: GRID.index(thresholds.for_label(KIND_OF[key[0]], key[1])) for key in test.labels}
+    labels = [counts[key][at[key]] for key in test.labels]
+    with_gold = [c for c in labels if c.support]
+    total = sum(labels, test.fixed())
     return {
-        "micro": report.total().f1,
+        "micro": total.f1,
         "macro": statistics.fmean(c.f1 for c in with_gold),
         "worst": min(c.f1 for c in with_gold),
         "zero": float(sum(1 for c in with_gold if c.f1 == 0.0)),
     }
 
 
-def compare(snapshots: list[dict[str, Any]], repeats: int) -> dict[str, dict[int, list[dict[str, float]]]]:
-    results: dict[str, dict[int, list[dict[str, float]]]] = {name: {n: [] for n in SIZES} for name in RULES}
+def _part(table: ThresholdTable, rows: Sequence[int]) -> ThresholdTable:
+    return ThresholdTable(table.labels, tuple(table.rows[i] for i in rows), tuple(table.fixed_rows[i] for i in rows))
+
+
+def compare(snapshots: list[dict[str, Any]], repeats: int) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {name: {n: [] for n in SIZES} for name in RULES}
     results["oracle"] = {n: [] for n in SIZES}
     for snapshot in snapshots:
-        test_table = ThresholdTable.of(snapshot["test"]["gold"], snapshot["test"]["predicted"])
-        oracle = held_out(snapshot, own_rule(1)(test_table))
-        pool = snapshot["valid"]
+        test = ThresholdTable.of(snapshot["test"]["gold"], snapshot["test"]["predicted"])
+        pool = ThresholdTable.of(snapshot["valid"]["gold"], snapshot["valid"]["predicted"])
+        oracle = held_out(test, own_rule(1)(test))
         for n in SIZES:
             for r in range(repeats):
-                rows = sorted(random.Random(f"{snapshot['name']}:{n}:{r}").sample(range(POOL), n))
-                table = ThresholdTable.of([pool["gold"][i] for i in rows], [pool["predicted"][i] for i in rows])
+                table = _part(pool, sorted(random.Random(f"{snapshot['name']}:{n}:{r}").sample(range(POOL), n)))
                 for name, rule in RULES.items():
-                    results[name][n].append({**held_out(snapshot, rule(table)), "snapshot": snapshot["name"]})
+                    results[name][n].append({**held_out(test, rule(table)), "snapshot": snapshot["name"]})
                 results["oracle"][n].append({**oracle, "snapshot": snapshot["name"]})
     return results
 
@@ -277,7 +279,7 @@ def _mean(entries: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(float(e[key]) for e in entries)
 
 
-def report(results: dict[str, dict[int, list[dict[str, float]]]]) -> str:
+def report(results: dict[str, dict[int, list[dict[str, Any]]]]) -> str:
     lines = ["held-out score of thresholds fitted on n validation records (mean over snapshots x draws)", ""]
     head = "| rule | " + " | ".join(f"n={n} micro / macro / worst / zero" for n in SIZES) + " |"
     lines += [head, "|---|" + "---:|" * len(SIZES)]
@@ -288,7 +290,7 @@ def report(results: dict[str, dict[int, list[dict[str, float]]]]) -> str:
             for e in by_size.values()
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    shown = ("micro-old", "own-1", "own-10", "crossfit-1", "crossfit", "oracle")
+    shown = ("micro-old", "own-1", "own-10", "crossfit-10", "crossfit", "oracle")
     lines += ["", f"per snapshot, n=40 (the demo's validation size): held-out macro F1 of {' / '.join(shown)}", ""]
     for snapshot in dict.fromkeys(e["snapshot"] for e in results["crossfit"][40]):
         cells = [f"{_mean([e for e in results[r][40] if e['snapshot'] == snapshot], 'macro'):.4f}" for r in shown]
