@@ -106,8 +106,8 @@ def checkpoint_extractions(out: Path, checkpoints: Sequence[str]) -> list[dict[s
 def _checkpoint_extract(uri: str) -> dict[str, Any]:
     from prefect_gliner2.flows.demo import DEMO_CONFIG, DEMO_MODEL
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core import TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training import TrainingConfig, TrainingSession
+    from prefect_gliner2.training.tiny import tiny_records
 
     seed = int(DEMO_CONFIG["seed"])
     session = TrainingSession(
@@ -124,8 +124,8 @@ def _checkpoint_extract(uri: str) -> dict[str, Any]:
 def _train_and_extract(source: str, seed: int, epochs: Sequence[int]) -> dict[str, Any]:
     from prefect_gliner2.flows.demo import DEMO_CONFIG
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.training.tiny import tiny_records
 
     config = TrainingConfig(**{**DEMO_CONFIG, "seed": seed, "num_epochs": max(epochs), "eval_strategy": "no"})
     plan = ManagedTrainingPlan(tiny_records(TRAIN, seed=seed), config, architecture="span")

@@ -7,12 +7,12 @@ A crash, a retry or a new run with the same parameters continues the job: chunks
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from prefect_gliner2.flows.context import interrupts_surface
+from prefect_gliner2.flows.prefect_compat import interrupts_surface
 from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job
 from prefect_gliner2.tasks.extract import commit_extraction, extract_chunk
 
@@ -32,6 +32,7 @@ def extract_flow(
     records_per_task: Annotated[int, Field(ge=1)] = 256,
     chunk_size: Annotated[int, Field(ge=1)] = 384,
     chunk_overlap: Annotated[int, Field(ge=0)] = 64,
+    output_format: Literal["jsonl", "label-studio", "spacy", "conll", "doccano", "spacy-jsonl"] = "jsonl",
 ) -> dict[str, Any]:
     """Extract with a registered model from every record of `data` into `out`.
 
@@ -47,6 +48,8 @@ def extract_flow(
         records_per_task: Records per chunk task (the unit of caching and resumption).
         chunk_size: Texts longer than this many words are split into overlapping windows (gliner2's chunking).
         chunk_overlap: Words shared by adjacent windows.
+        output_format: jsonl, or an annotation format to review the predictions in: label-studio (pre-annotations
+            with scores and the model version), spacy (DocBin), conll, doccano or spacy-jsonl.
     """
     with interrupts_surface():
         logger = get_run_logger()
@@ -58,6 +61,7 @@ def extract_flow(
             records_per_chunk=records_per_task,
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
+            output_format=output_format,
         )
         job = prepare_job(reference, data, out, settings)
         if job.committed is not None:

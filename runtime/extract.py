@@ -12,8 +12,10 @@ the ``gliner2-extract`` flow.
 A chunk whose record exists is never computed again, so a kill at any moment followed by the same command loses
 no line and writes none twice; the output is published only when every chunk is done. An output line is
 ``{"line": N, "id": ..., "extraction": {...}}`` (``id`` when the record has one; ``"chunks": k`` when its text
-was split into k windows). A job with other inputs or settings than the unfinished one in the work directory is
-refused (rerun with the same arguments, or delete the work directory).
+was split into k windows); with an annotation ``output_format`` (Label Studio, spaCy, CoNLL...) the parts also carry
+each text and the output is written in that format from them (``extract_formats``). A job with other inputs or
+settings than the unfinished one in the work directory is refused (rerun with the same arguments, or delete the work
+directory).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prefect_gliner2.runtime import faults
+from prefect_gliner2.runtime.extract_formats import check_output_format, write_output
 from prefect_gliner2.runtime.extract_input import InputPlan, check_labels, read_chunk, scan_input
 from prefect_gliner2.runtime.extract_model import Extractor, ModelRef, loaded_extractor, resolve_model
 from prefect_gliner2.session_core.errors import ConfigError
@@ -44,7 +47,8 @@ WORK_SUFFIX = ".extract"
 @dataclass(frozen=True)
 class ExtractSettings:
     """How to extract: labels for records without their own, an explicit threshold (None: the model's), texts per
-    inference batch, records per chunk (the unit of resumption), gliner2's word window and overlap for long texts."""
+    inference batch, records per chunk (the unit of resumption), gliner2's word window and overlap for long texts,
+    and the output's format (``jsonl``, or an annotation format: ``runtime.extract_formats``)."""
 
     labels: list[str] | None = None
     threshold: float | None = None
@@ -52,8 +56,10 @@ class ExtractSettings:
     records_per_chunk: int = 256
     chunk_size: int = 384
     chunk_overlap: int = 64
+    output_format: str = "jsonl"
 
     def __post_init__(self) -> None:
+        check_output_format(self.output_format)
         for name in ("batch_size", "records_per_chunk", "chunk_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -139,7 +145,13 @@ class ExtractJob:
             batch_size=self.settings.batch_size,
             chunk_size=self.settings.chunk_size,
             chunk_overlap=self.settings.chunk_overlap,
+            spans=self.settings.output_format != "jsonl",
         )
+
+
+def model_version(ref: ModelRef) -> str:
+    """How Label Studio names the model whose predictions these are: the reference, with its registry version."""
+    return f"{ref.source}@{ref.version}" if ref.version and "@" not in ref.source else ref.source
 
 
 def work_dir(out: str) -> str:
@@ -245,6 +257,8 @@ def run_chunk(job: ExtractJob, index: int) -> dict[str, Any]:
         if record.id is not None:
             line["id"] = record.id
         line["extraction"] = result
+        if job.settings.output_format != "jsonl":
+            line["text"] = record.text  # the format writer needs it (runtime.extract_formats)
         if count > 1:
             line["chunks"] = count
         lines.append(json.dumps(line, ensure_ascii=False) + "\n")
@@ -268,10 +282,14 @@ def commit_output(job: ExtractJob, chunk_records: list[dict[str, Any]]) -> dict[
         raise ConfigError(
             f"{len(missing)} chunk(s) of {job.work} are not done (the first: {missing[0]}); run the job again"
         )
-    with atomic_file(job.out) as handle:
-        for index in range(job.input.chunks):
-            with fs.open(resolve(job.part(index))[1], "rb") as part:
-                shutil.copyfileobj(part, handle, 1 << 20)
+    if job.settings.output_format == "jsonl":
+        with atomic_file(job.out) as handle:
+            for index in range(job.input.chunks):
+                with fs.open(resolve(job.part(index))[1], "rb") as part:
+                    shutil.copyfileobj(part, handle, 1 << 20)
+    else:
+        lines = [line for i in range(job.input.chunks) for line in fs.cat_file(resolve(job.part(i))[1]).splitlines()]
+        write_output(lines, job.out, job.settings.output_format, model_version(job.model))
     summary = summarize(job, chunk_records)
     committed = replace(job, committed=summary)
     write_atomic(fs, resolve(f"{job.work}/{JOB_FILE}")[1], json.dumps(committed.to_dict(), indent=1).encode())
@@ -295,6 +313,7 @@ def summarize(job: ExtractJob, chunk_records: list[dict[str, Any]]) -> dict[str,
         "threshold_source": job.threshold_source,
         "chunk_size": job.settings.chunk_size,
         "chunk_overlap": job.settings.chunk_overlap,
+        "format": job.settings.output_format,
     }
 
 

@@ -10,19 +10,19 @@ import pytest
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import (
+from prefect_gliner2.session_core.fitted_scores import fitted_metrics
+from prefect_gliner2.session_core.label_order import extraction_schemas, shuffle_schema
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, SCORE_KEYS
+from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
+from prefect_gliner2.session_core.threshold_table import FLOOR
+from prefect_gliner2.training import (
     ConfigError,
     ManagedTraining,
     PlanMismatchError,
     SessionStateError,
     TrainingSession,
 )
-from prefect_gliner2.session_core.fitted_scores import fitted_metrics
-from prefect_gliner2.session_core.label_order import extraction_schemas, shuffle_schema
-from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, SCORE_KEYS
-from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
-from prefect_gliner2.session_core.threshold_table import FLOOR
-from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
+from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES
 
 from support.session import (
     CASE_IDS,
