@@ -1,4 +1,4 @@
-"""A run's training curves: loss, learning rate and validation F1 (overall and per label) against optimizer steps,
+"""A run's training curves: loss, learning rate and validation F1 (micro, macro, per label) against optimizer steps,
 as a markdown artifact of SVG charts (``gliner2-<run key>-curves``, flows/reporting.py updates it in place).
 
 The points are what the run records anyway: the worker's per-update metrics (``AdvanceResult.updates``) and its
@@ -20,6 +20,14 @@ __all__ = ["Curves", "TrainPoint", "label_name"]
 
 logger = logging.getLogger(__name__)
 TrainPoint = tuple[int, float | None, float | None]  # step, loss, learning rate
+FITTED = "eval_f1_fitted"
+MACRO = {FITTED: "eval_macro_f1_fitted", "eval_f1": "eval_macro_f1"}
+SERIES = (  # validation key, series name, line width
+    (FITTED, "micro F1 (fitted)", 2.5),
+    ("eval_macro_f1_fitted", "macro F1 (fitted)", 2.5),
+    ("eval_f1", "micro F1 at eval_threshold", 1.5),
+    ("eval_macro_f1", "macro F1 at eval_threshold", 1.5),
+)
 
 
 def label_name(row: dict[str, Any]) -> str:
@@ -63,7 +71,7 @@ def curves_markdown(
         )
     f1 = _f1_series(validations)
     if f1:
-        title = "Validation F1 (overall and per label)"
+        title = "Validation F1 (micro, macro and per label)"
         chart = line_chart(f1, title=title, y_label="F1", x_range=steps, y_range=(0.0, 1.0))
         lines.append(_image("validation F1", chart))
     elif not points:
@@ -82,9 +90,12 @@ def _headline(points: Sequence[TrainPoint], validations: Sequence[dict[str, Any]
             parts.append(f"learning rate **{rounded(rate, 3):g}**")
     scored = [v for v in validations if v.get("eval_f1") is not None]
     if scored:
-        best = max(scored, key=lambda v: float(v["eval_f1"]))
+        key = FITTED if FITTED in scored[-1] else "eval_f1"
+        best = max(scored, key=lambda v: float(v.get(key, v["eval_f1"])))
+        where = " at the fitted thresholds" if key == FITTED else ""
         parts.append(
-            f"validation F1 **{float(scored[-1]['eval_f1']):.3f}** (best {float(best['eval_f1']):.3f} at "
+            f"validation F1{where} **{float(scored[-1][key]):.3f}** (macro "
+            f"{float(scored[-1].get(MACRO[key], 0.0)):.3f}; best {float(best.get(key, best['eval_f1'])):.3f} at "
             f"step {best.get('step')})"
         )
     parts.append(f"{len(points)} training point(s), {len(validations)} validation(s)")
@@ -92,13 +103,19 @@ def _headline(points: Sequence[TrainPoint], validations: Sequence[dict[str, Any]
 
 
 def _f1_series(validations: Sequence[dict[str, Any]]) -> list[Series]:
+    """Micro and macro F1 at the fitted thresholds (what the export ships) and at eval_threshold, then each label's F1
+    (at the fitted thresholds when measured)."""
     scored = [v for v in validations if v.get("eval_f1") is not None]
     if not scored:
         return []
-    series = [Series("overall F1", [(v["step"], float(v["eval_f1"])) for v in scored], width=2.5)]
+    series = []
+    for key, name, width in SERIES:
+        values = [(v["step"], float(v[key])) for v in scored if isinstance(v.get(key), (int, float))]
+        if values:
+            series.append(Series(name, values, width=width))
     per_label: dict[str, list[tuple[float, float]]] = {}
     for entry in scored:
-        for row in entry.get("per_label") or []:
+        for row in entry.get("per_label_fitted") or entry.get("per_label") or []:
             per_label.setdefault(label_name(row), []).append((entry["step"], float(row["f1"])))
     series += [Series(name, values) for name, values in per_label.items()]
     return series

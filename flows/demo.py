@@ -130,28 +130,38 @@ def _score(model: Any, test_data: str, config: Any, *, examples: int = 0, fitted
         "tp": total.tp,
         "fp": total.fp,
         "fn": total.fn,
+        "per_label": report.rows(),
+        "total": report.to_dict()["total"],
         "examples": shown,
         "thresholds": thresholds.to_dict(),
     }
 
 
 def demo_report(demo: dict[str, Any]) -> str:
-    """What the demo prints at the end: held-out F1 before and after training, and example extractions."""
+    """What the demo prints at the end: held-out F1 (micro and macro) before and after training, the trained model's
+    per-label table, a WARNING for a label with gold mentions at F1 0, and example extractions."""
+    from prefect_gliner2.session_core.run_warnings import label_warning
+    from prefect_gliner2.session_core.score_text import label_table
     from prefect_gliner2.session_core.thresholds import describe
 
     before, after = demo["before"], demo["after"]
     lines = [
         f"held-out F1 on {after['records']} unseen records ({demo['test_data']}):",
-        f"  before training: F1 {before['eval_f1']:.3f} (precision {before['eval_precision']:.3f}, "
-        f"recall {before['eval_recall']:.3f})",
-        f"  after training:  F1 {after['eval_f1']:.3f} (precision {after['eval_precision']:.3f}, "
-        f"recall {after['eval_recall']:.3f}; {after['tp']} correct, {after['fp']} wrong, {after['fn']} missed)",
+        f"  before training: F1 {before['eval_f1']:.3f}, macro F1 {before['eval_macro_f1']:.3f} (precision "
+        f"{before['eval_precision']:.3f}, recall {before['eval_recall']:.3f})",
+        f"  after training:  F1 {after['eval_f1']:.3f}, macro F1 {after['eval_macro_f1']:.3f} (precision "
+        f"{after['eval_precision']:.3f}, recall {after['eval_recall']:.3f}; {after['tp']} correct, {after['fp']} "
+        f"wrong, {after['fn']} missed)",
         f"  labels asked in a random order per record, as users ask them; over {after['orders']} orders F1 "
         f"{after['eval_f1_order_min']:.3f}-{after['eval_f1_order_max']:.3f} "
         f"(in the training data's own order {after['eval_f1_canonical']:.3f})",
         f"  {describe(after['thresholds'])}",
-        "example extractions by the trained model:",
+        "per label after training (first order):",
+        *label_table(after["per_label"], after["total"], indent="  "),
     ]
+    warning = label_warning(after["per_label"], "the held-out records")
+    lines += [f"WARNING: {warning}"] if warning else []
+    lines.append("example extractions by the trained model:")
     for item in after["examples"]:
         lines.append(f"  text:      {item['text']}")
         lines.append(f"  extracted: {_entities(item['predicted'])}")

@@ -72,6 +72,8 @@ Metric = Literal[
     "eval_f1_order_min",
     "eval_f1_order_max",
     "eval_f1_canonical",
+    "eval_f1_fitted",
+    "eval_macro_f1_fitted",
     "eval_loss",
     "eval_classification_loss",
     "eval_structure_loss",
@@ -253,8 +255,9 @@ class TrainingSettings(_Form):
     )
     metric_for_best: Metric = Field(
         default="auto",
-        description="Validation metric that selects the best model and drives early stopping; auto is eval_f1 "
-        "(eval_loss when eval_extraction is off). Higher is better for precision, recall and F1, lower for losses.",
+        description="Validation metric that selects the best model and drives early stopping; auto is "
+        "eval_f1_fitted, the F1 at the thresholds fitted on that validation, which the export ships (eval_loss when "
+        "eval_extraction is off). Higher is better for precision, recall and F1, lower for losses.",
     )
     save_best: bool = Field(default=True, description="Keep the best validation model and export it.")
     early_stopping: bool = Field(default=False, description="Stop when the metric stops improving (needs validation).")
@@ -285,7 +288,7 @@ class TrainingSettings(_Form):
         names = [name for name in type(self).model_fields if name not in ("precision", "advanced")]
         values = {name: getattr(self, name) for name in names}
         if values.get("metric_for_best") == "auto":
-            values["metric_for_best"] = None  # the config's default: eval_f1, or eval_loss without extraction
+            values["metric_for_best"] = None  # the config's default: eval_f1_fitted, or eval_loss without extraction
         try:
             self._config = TrainingConfig(
                 **values, **self.advanced.model_dump(), fp16=False, bf16=self.precision == "bf16"

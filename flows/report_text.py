@@ -72,6 +72,10 @@ def _rounded(value: Any) -> Any:
     return value
 
 
+def _name(row: dict[str, Any]) -> str:
+    return str(row["label"]) if row["kind"] == "entities" else f"{row['kind']}/{row['label']}"
+
+
 def _prf(row: dict[str, Any]) -> str:
     return " / ".join(f"{float(row[k]):.{DIGITS - 1}f}" for k in ("precision", "recall", "f1"))
 
@@ -79,7 +83,8 @@ def _prf(row: dict[str, Any]) -> str:
 def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The validation table: position (1-based epoch, as in the run name), overall P/R/F1 and the per-kind and macro
     F1s that were measured (a task kind with no label in the validation schema has no column: its F1 would read 0),
-    "P / R / F1" per label, then the native losses; rounded."""
+    "P / R / F1" per label at eval_threshold and at the fitted thresholds (with how many of each label's false
+    positives there are gold mentions of another label), then the native losses; rounded."""
     rows = []
     for entry in validations:
         row: dict[str, Any] = {"step": entry.get("step"), "epoch": int(entry.get("epoch", 0)) + 1}
@@ -88,8 +93,11 @@ def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
         absent = {key for kind, key in KIND_F1_KEYS.items() if labels and all(r["kind"] != kind for r in labels)}
         row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry and key not in absent})
         for label in entry.get("per_label") or []:
-            name = label["label"] if label["kind"] == "entities" else f"{label['kind']}/{label['label']}"
-            row[f"{name} P / R / F1"] = _prf(label)
+            row[f"{_name(label)} P / R / F1"] = _prf(label)
+        for label in entry.get("per_label_fitted") or []:
+            at = f" at {label['threshold']:g}" if label.get("threshold") is not None else ""
+            row[f"{_name(label)} fitted P / R / F1"] = _prf(label) + at
+            row[f"{_name(label)} fp that are another label's"] = _confused(label)
         row.update({key: _rounded(entry.get(key)) for key in LOSS_KEYS})
         rows.append(row)
     return rows
@@ -113,10 +121,16 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
     ]
     lines += [f"- **WARNING**: {warning}" for warning in summary.get("warnings") or ()]
     chosen = next((v for v in validations if v.get("step") == best_step), None)
+    if chosen is not None and "eval_f1_fitted" in chosen:
+        lines.append(
+            f"- **best F1** at step {best_step}, at the fitted thresholds the export ships: micro "
+            f"{_rounded(chosen['eval_f1_fitted'])}, macro {_rounded(chosen['eval_macro_f1_fitted'])}"
+        )
     if chosen is not None and "eval_f1" in chosen:
         lines.append(
-            f"- **best F1**: {_rounded(chosen['eval_f1'])} at step {best_step} (precision "
-            f"{_rounded(chosen['eval_precision'])}, recall {_rounded(chosen['eval_recall'])})"
+            f"- **F1 at eval_threshold** at step {best_step}: micro {_rounded(chosen['eval_f1'])}, macro "
+            f"{_rounded(chosen.get('eval_macro_f1'))} (precision {_rounded(chosen['eval_precision'])}, recall "
+            f"{_rounded(chosen['eval_recall'])})"
         )
     lines += [
         f"- **checkpoints**: `{summary.get('checkpoints')}` (newest `{summary.get('checkpoint')}`)",
@@ -133,25 +147,51 @@ def summary_markdown(run_key: str, summary: dict[str, Any], validations: list[di
 
 
 def _validation_markdown(validations: list[dict[str, Any]], chosen: dict[str, Any] | None, best_step: Any) -> list[str]:
-    """The summary's validation table and, for the best validation, its per-label scores."""
+    """The summary's validation table and, for the best validation, its per-label scores (at the fitted thresholds
+    when it has them, with the F1 at eval_threshold beside them)."""
     lines: list[str] = []
     if validations:
-        extraction = "eval_f1" in validations[0]
-        head = "| step | epoch | " + ("precision | recall | F1 | " if extraction else "") + "eval_loss |"
-        lines += ["", head, "|---:|---:|" + ("---:|---:|---:|" if extraction else "") + "---:|"]
+        keys = [key for key in _TABLE_KEYS if key in validations[0]]
+        lines += ["", "| step | epoch | " + "".join(f"{_TABLE_KEYS[k]} | " for k in keys) + "eval_loss |"]
+        lines.append("|---:|---:|" + "---:|" * len(keys) + "---:|")
         for v in validations:
-            scores = " | ".join(str(_rounded(v[k])) for k in ("eval_precision", "eval_recall", "eval_f1"))
+            scores = "".join(f"{_rounded(v.get(k))} | " for k in keys)
+            lines.append(f"| {v.get('step')} | {int(v.get('epoch', 0)) + 1} | {scores}{v.get('eval_loss'):.6g} |")
+    rows = (chosen.get("per_label_fitted") or chosen.get("per_label")) if chosen is not None else None
+    if rows:
+        assert chosen is not None
+        at_threshold = {(r["kind"], r["label"]): r for r in chosen.get("per_label") or []}
+        fitted = "per_label_fitted" in chosen
+        where = " (at the fitted thresholds; F1 at eval_threshold beside)" if fitted else ""
+        lines += ["", f"Per label at step {best_step}{where}:", ""]
+        lines.append(
+            "| kind | label | threshold | precision | recall | F1 | support | fp that are another label's |"
+            + (" F1 at eval_threshold |" if fitted else "")
+        )
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if fitted else ""))
+        for row in rows:
+            other = at_threshold.get((row["kind"], row["label"]), {})
             lines.append(
-                f"| {v.get('step')} | {int(v.get('epoch', 0)) + 1} | "
-                + (f"{scores} | " if extraction else "")
-                + f"{v.get('eval_loss'):.6g} |"
-            )
-    if chosen is not None and chosen.get("per_label"):
-        lines += ["", f"Per label at step {best_step}:", "", "| kind | label | precision | recall | F1 | support |"]
-        lines.append("|---|---|---:|---:|---:|---:|")
-        for row in chosen["per_label"]:
-            lines.append(
-                f"| {row['kind']} | {row['label']} | {_rounded(row['precision'])} | {_rounded(row['recall'])} | "
-                f"{_rounded(row['f1'])} | {row['support']} |"
+                f"| {row['kind']} | {row['label']} | {_rounded(row.get('threshold', ''))} | "
+                f"{_rounded(row['precision'])} | {_rounded(row['recall'])} | {_rounded(row['f1'])} | "
+                f"{row['support']} | {_confused(row)} |" + (f" {_rounded(other.get('f1', ''))} |" if fitted else "")
             )
     return lines
+
+
+# validation table columns (when the first validation has them) -> header
+_TABLE_KEYS = {
+    "eval_precision": "precision",
+    "eval_recall": "recall",
+    "eval_f1": "F1",
+    "eval_macro_f1": "macro F1",
+    "eval_f1_fitted": "F1 fitted",
+    "eval_macro_f1_fitted": "macro F1 fitted",
+}
+
+
+def _confused(row: dict[str, Any]) -> str:
+    """``3 (city 2, day 1)``: how many of a label's false positives are gold mentions of other labels."""
+    others = row.get("confused_with") or {}
+    detail = ", ".join(f"{label} {n}" for label, n in others.items())
+    return f"{row.get('confused', 0)}" + (f" ({detail})" if detail else "")

@@ -111,7 +111,8 @@ class MlflowRun:
             self._jobs.put(lambda client: self._log_steps(client, entries))
 
     def validation(self, metrics: dict[str, Any]) -> None:
-        """A validation's metrics (overall, per kind, per label F1 as ``eval_f1/<label>``), at its step."""
+        """A validation's metrics (micro and macro, per kind, fitted; per label F1 as ``eval_f1/<label>`` and, at the
+        fitted thresholds, ``eval_f1_fitted/<label>``), at its step."""
         entry = dict(metrics)
         self._jobs.put(lambda client: self._log_validation(client, entry))
 
@@ -181,9 +182,10 @@ class MlflowRun:
         if step <= self.logged_eval:
             return
         metrics = _metrics(entry, step, skip=("step", "batch", "epoch"))
-        for row in entry.get("per_label") or []:
-            name = row["label"] if row.get("kind") == "entities" else f"{row.get('kind')}/{row['label']}"
-            metrics += _metrics({f"eval_f1/{name}": row.get("f1")}, step)
+        for key, rows in (("eval_f1", entry.get("per_label")), ("eval_f1_fitted", entry.get("per_label_fitted"))):
+            for row in rows or []:
+                name = row["label"] if row.get("kind") == "entities" else f"{row.get('kind')}/{row['label']}"
+                metrics += _metrics({f"{key}/{name}": row.get("f1")}, step)
         self._log(client, metrics)
         self.logged_eval = step
 

@@ -394,6 +394,7 @@ def _summary(run: OpenRun, info: ExportResult, cursor: DurableCursor | None, uni
                 native.eval_metrics_history,
                 architecture=live.plan.architecture,
                 threshold=float(live.plan.config.eval_threshold),
+                thresholds=info.thresholds,
             ).values()
         ),
     }

@@ -59,14 +59,17 @@ class TrainingConfig:
     - ``deterministic=True``, ``allow_tf32=False``, ``float32_matmul_precision="highest"``: bitwise-equal
       continuation needs deterministic kernels and true FP32 matmuls (native: False / True / "high").
     - ``lora_target_modules`` is a tuple (a list is accepted and converted).
-    - Selection follows extraction quality: ``metric_for_best`` defaults to ``"eval_f1"`` (``"eval_loss"`` when
+    - Selection follows the quality of the model a run ships: ``metric_for_best`` defaults to ``"eval_f1_fitted"``
+      (micro F1 at the thresholds fitted on that validation, which the export records; ``"eval_loss"`` when
       ``eval_extraction=False``) and ``greater_is_better`` to the metric's direction (higher for precision, recall
       and F1, lower for losses); explicit values are kept.
 
     Our own fields (not passed to gliner2's config): ``eval_extraction`` (validation also extracts with gliner2's
     batched inference and scores precision/recall/F1; default True) and ``eval_threshold`` (the span threshold of
     that inference, in [0, 1], default gliner2's 0.5); ``label_order_trials`` (validation asks each record's labels
-    in that many seeded random orders and reports the spread; the first order gives ``eval_f1``; default 3).
+    in that many seeded random orders and reports the spread; the first order gives ``eval_f1``; default 3). Each
+    validation also extracts once at the threshold fit's floor and reports ``eval_f1_fitted`` and
+    ``eval_macro_f1_fitted`` at the thresholds fitted on it (``fitted_scores.py``).
 
     Augmentation, so that a model does not tie a label to its place in the prompt (on by default; deterministic: it
     draws from the session's checkpointed preprocessing stream or from the plan's seed, epoch and record position):
@@ -125,7 +128,7 @@ class TrainingConfig:
     eval_strategy: str = "epoch"
     eval_steps: int = 500
     save_best: bool = True
-    metric_for_best: str | None = None  # resolved: "eval_f1", or "eval_loss" without eval_extraction
+    metric_for_best: str | None = None  # resolved: "eval_f1_fitted", or "eval_loss" without eval_extraction
     greater_is_better: bool | None = None  # resolved from metric_for_best's direction
     logging_steps: int = 1
     early_stopping: bool = False

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from prefect_gliner2.session_core.label_order import CANONICAL, LABEL_ORDERS, SHUFFLED, shuffle_schema
+from prefect_gliner2.session_core.fitted_scores import fitted_validation
+from prefect_gliner2.session_core.label_order import CANONICAL, SHUFFLED, extraction_schemas
 from prefect_gliner2.session_core.metrics import LOSS_SOURCES
-from prefect_gliner2.session_core.scoring import DatasetSchema, ScoreReport, inference_schema, score_records
+from prefect_gliner2.session_core.scoring import DatasetSchema, ScoreReport, score_records
 from prefect_gliner2.session_core.thresholds import Thresholds, fixed
 
 __all__ = [
@@ -62,20 +63,6 @@ def score_extraction(
     return score_records(outputs, predictions, DatasetSchema.of(outputs), per_record=per_record)
 
 
-def extraction_schemas(
-    outputs: Sequence[Mapping[str, Any]], *, label_order: str = SHUFFLED, seed: int = 0, trial: int = 0
-) -> list[dict[str, Any]]:
-    """The schema each gold output is extracted with (the data set's labels, see ``scoring.inference_schema``), its
-    labels in the record's seeded random order (``label_order="shuffled"``) or the data set's own."""
-    if label_order not in LABEL_ORDERS:
-        raise ValueError(f"label_order must be one of {list(LABEL_ORDERS)}, got {label_order!r}")
-    dataset = DatasetSchema.of(outputs)
-    schemas = [inference_schema(output, dataset) for output in outputs]
-    if label_order == SHUFFLED:
-        schemas = [shuffle_schema(s, seed=seed, position=i, trial=trial) for i, s in enumerate(schemas)]
-    return schemas
-
-
 def order_robustness(
     pairs: Sequence[Pair], extract: Extract, *, seed: int, trials: int
 ) -> tuple[ScoreReport, dict[str, float]]:
@@ -102,8 +89,10 @@ def evaluate_session(
     label_order_trials: int = 1,
 ) -> dict[str, Any]:
     """The validation metrics of the live model: losses, then (with `extraction`) P/R/F1 under seeded shuffled label
-    orders, the order metrics and the per-label rows (see :func:`order_robustness`). `threshold`: one value for
-    every label, or a model's :class:`Thresholds` (per-label values written into each schema)."""
+    orders, the order metrics and the per-label rows (see :func:`order_robustness`), and the scores at thresholds
+    fitted on one more extraction at the fit's floor (``fitted_scores.fitted_validation``: what the export ships).
+    `threshold`: one value for every label, or a model's :class:`Thresholds` (per-label values written into each
+    schema)."""
     chosen = threshold if isinstance(threshold, Thresholds) else fixed(threshold)
     metrics: dict[str, Any] = dict(native_losses(session, batches))
     if extraction:
@@ -114,8 +103,12 @@ def evaluate_session(
             applied = [chosen.apply(schema) for schema in schemas]
             return session.extract(texts, applied, threshold=chosen.threshold, batch_size=size)
 
+        def extract_floor(texts: list[str], schemas: list[dict[str, Any]], floor: float) -> list[dict[str, Any]]:
+            return session.extract(texts, schemas, threshold=floor, batch_size=size, include_confidence=True)
+
         report, order = order_robustness(pairs, extract, seed=seed, trials=label_order_trials)
         metrics.update(report.metrics())
         metrics.update(order)
         metrics[PER_LABEL_KEY] = report.rows()
+        metrics.update(fitted_validation(pairs, extract_floor, seed=seed))
     return metrics

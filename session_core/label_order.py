@@ -17,7 +17,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CANONICAL", "LABEL_ORDERS", "SHUFFLED", "order_rng", "shuffle_schema"]
+from prefect_gliner2.session_core.scoring import DatasetSchema, inference_schema
+
+__all__ = ["CANONICAL", "LABEL_ORDERS", "SHUFFLED", "extraction_schemas", "order_rng", "shuffle_schema"]
 
 SHUFFLED = "shuffled"  # each record's labels in a seeded random order (the default everywhere)
 CANONICAL = "canonical"  # the data set's own order (see scoring.data_order): the order training records list
@@ -43,6 +45,20 @@ def shuffle_schema(schema: Mapping[str, Any], *, seed: int, position: int, trial
     if "structures" in out:
         out["structures"] = {name: _structure(spec, rng) for name, spec in out["structures"].items()}
     return out
+
+
+def extraction_schemas(
+    outputs: Sequence[Mapping[str, Any]], *, label_order: str = SHUFFLED, seed: int = 0, trial: int = 0
+) -> list[dict[str, Any]]:
+    """The schema each gold output is extracted with (the data set's labels, see ``scoring.inference_schema``), its
+    labels in the record's seeded random order (``label_order="shuffled"``) or the data set's own."""
+    if label_order not in LABEL_ORDERS:
+        raise ValueError(f"label_order must be one of {list(LABEL_ORDERS)}, got {label_order!r}")
+    dataset = DatasetSchema.of(outputs)
+    schemas = [inference_schema(output, dataset) for output in outputs]
+    if label_order == SHUFFLED:
+        schemas = [shuffle_schema(s, seed=seed, position=i, trial=trial) for i, s in enumerate(schemas)]
+    return schemas
 
 
 def _shuffled(items: Any, rng: random.Random) -> Any:

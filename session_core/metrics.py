@@ -10,6 +10,7 @@ __all__ = [
     "DEFAULT_METRIC",
     "EVAL_KEYS",
     "EXTRACTION_KEYS",
+    "FITTED_KEYS",
     "KIND_F1_KEYS",
     "LOSS_KEYS",
     "LOSS_SOURCES",
@@ -41,10 +42,15 @@ SCORE_KEYS: tuple[str, ...] = ("eval_precision", "eval_recall", "eval_f1", *KIND
 # label-order robustness: micro F1 with the labels in the data set's own order (the order training records list them),
 # and the lowest and highest micro F1 over `label_order_trials` seeded random orders (trial 0 is eval_f1's)
 ORDER_KEYS: tuple[str, ...] = ("eval_f1_canonical", "eval_f1_order_min", "eval_f1_order_max")
-EXTRACTION_KEYS: tuple[str, ...] = SCORE_KEYS + ORDER_KEYS
+# what the shipped model scores: micro and macro F1 at the thresholds fitted on the validation records themselves
+# (one more extraction at the fit's floor, fitted_scores.py), the thresholds a run's export.json records
+FITTED_KEYS: tuple[str, ...] = ("eval_f1_fitted", "eval_macro_f1_fitted")
+EXTRACTION_KEYS: tuple[str, ...] = SCORE_KEYS + ORDER_KEYS + FITTED_KEYS
 EVAL_KEYS: tuple[str, ...] = LOSS_KEYS + EXTRACTION_KEYS
 
-DEFAULT_METRIC = "eval_f1"
+# best selection and early stopping follow the F1 of the model a run ships, not an F1 at 0.5 that swings between 0 and
+# a fair score from one validation to the next while the model's scores settle
+DEFAULT_METRIC = "eval_f1_fitted"
 
 
 def is_extraction_metric(name: str) -> bool:

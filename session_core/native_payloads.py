@@ -11,6 +11,7 @@ from typing import Any
 from prefect_gliner2.session_core.errors import RecordError
 
 __all__ = [
+    "RELATION_KEY",
     "as_list",
     "classification",
     "entity_map",
@@ -24,6 +25,7 @@ __all__ = [
     "texts",
 ]
 
+RELATION_KEY = "relation_extraction"  # where gliner2's formatted payload puts relations
 _SPACE = re.compile(r"\s+")
 
 

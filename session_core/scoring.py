@@ -19,20 +19,26 @@ Matching rules (docs/evaluation.md, "Extraction metrics"):
   label, relation type and structure seen anywhere in the data, so extracting a label the record does not list is a
   false positive, in the order the records list them (:func:`data_order`). A classification task is scored only
   on records that carry it.
+- Label confusion: an entity mention (or a relation) predicted for one label that is not gold for it but is gold
+  for another label of the same record (same text, different label) is counted per label as ``confused``, and per
+  other label in ``confused_with``: how many of a label's false positives are another label's mentions.
 - Empty counts give 0.0, never NaN: precision with nothing predicted, recall with nothing to find, F1 when both are 0.
   Micro P/R/F1 sum the counts; macro F1 is the mean F1 over labels with any gold or predicted item.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_gliner2.session_core.confusion import confusions
 from prefect_gliner2.session_core.errors import RecordError
 from prefect_gliner2.session_core.metrics import KIND_F1_KEYS
 from prefect_gliner2.session_core.native_payloads import (
+    RELATION_KEY,
     as_list,
     classification,
     entity_map,
@@ -58,7 +64,6 @@ __all__ = [
 ]
 
 KINDS: tuple[str, ...] = ("entities", "relations", "classifications", "structures")
-RELATION_KEY = "relation_extraction"  # where gliner2's formatted payload puts relations
 LabelKey = tuple[str, str]  # (kind, label)
 
 
@@ -110,9 +115,16 @@ class ScoreReport:
     labels: dict[LabelKey, Counts] = field(default_factory=dict)
     records: int = 0
     per_record: list[dict[LabelKey, Counts]] | None = None  # each record's own counts (score_records' per_record)
+    confused: dict[LabelKey, int] = field(default_factory=dict)  # label -> its fps that are another label's gold
+    confused_with: dict[LabelKey, Counter[str]] = field(default_factory=dict)  # label -> other label -> those fps
 
     def add(self, key: LabelKey, counts: Counts) -> None:
         self.labels[key] = self.labels.get(key, Counts()) + counts
+
+    def add_confusion(self, key: LabelKey, total: int, others: Mapping[str, int]) -> None:
+        if total:
+            self.confused[key] = self.confused.get(key, 0) + total
+            self.confused_with.setdefault(key, Counter()).update(others)
 
     def total(self, kind: str | None = None) -> Counts:
         """Summed counts over all labels, or over the labels of one task kind."""
@@ -125,7 +137,7 @@ class ScoreReport:
     @property
     def macro_f1(self) -> float:
         scored = [c.f1 for c in self.labels.values() if c.support or c.predicted]
-        return sum(scored) / len(scored) if scored else 0.0
+        return math.fsum(scored) / len(scored) if scored else 0.0  # fsum: the same value in any label order
 
     def metrics(self) -> dict[str, float]:
         """The validation metrics (names from :mod:`.metrics`)."""
@@ -136,10 +148,19 @@ class ScoreReport:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per label (kind, label, precision, recall, f1, support, tp, fp, fn), in kind then label order."""
+        """One row per label (kind, label, precision, recall, f1, support, tp, fp, fn, and confused: how many of
+        the fps are gold items of another label, by label in confused_with), in kind then label order."""
         order = {kind: i for i, kind in enumerate(KINDS)}
         keys = sorted(self.labels, key=lambda key: (order[key[0]], key[1]))
-        return [_row(kind, label, self.labels[(kind, label)]) for kind, label in keys]
+        return [self._row(key) for key in keys]
+
+    def _row(self, key: LabelKey) -> dict[str, Any]:
+        others = self.confused_with.get(key, Counter())
+        return {
+            **_row(key[0], key[1], self.labels[key]),
+            "confused": self.confused.get(key, 0),
+            "confused_with": {other: others[other] for other in sorted(others)},
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: metrics, totals and the per-label rows."""
@@ -298,6 +319,8 @@ def score_records(
             own[key] = own.get(key, Counts()) + counts
         if report.per_record is not None:
             report.per_record.append(own)
+        for key, total, others in confusions(gold, predicted, list(schema.entities), schema.relations):
+            report.add_confusion(key, total, others)
     return report
 
 

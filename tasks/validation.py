@@ -11,6 +11,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from prefect_gliner2.runtime.protocol import Validate, ValidateResult
+from prefect_gliner2.session_core.score_text import validation_scores
 from prefect_gliner2.tasks.training import POSITION_TASK, call_worker
 
 __all__ = ["validate", "validation_line"]
@@ -37,10 +38,7 @@ def validation_line(index: int, result: ValidateResult) -> str:
     metrics = result.metrics or {}
     parts = [f"validation after batch {index} (step {result.step}):"]
     if "eval_f1" in metrics:
-        parts.append(
-            f"F1 {_short(metrics['eval_f1'])} (P {_short(metrics['eval_precision'])}, "
-            f"R {_short(metrics['eval_recall'])}),"
-        )
+        parts.append(validation_scores(metrics) + ";")
     parts.append(f"eval_loss {_short(metrics.get('eval_loss'))};")
     parts.append(f"best {_short(result.best_metric)} at step {result.best_step}")
     return " ".join(parts) + ("; early stopping" if result.stopped_early else "")

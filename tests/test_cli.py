@@ -184,6 +184,7 @@ def test_demo_trains_the_tiny_model_offline(
     """The real demo, at full size (about 2-3 minutes on 2 cores): its trained model meets the label-order target on
     the held-out records, F1 >= 0.85 under every one of 8 seeded random label orders with a spread <= 0.03."""
     from prefect_gliner2.flows.demo import DEMO_CONFIG, DEMO_ORDERS, DEMO_SIZES
+    from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES
 
     assert DEMO_ORDERS == 8
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
@@ -193,9 +194,13 @@ def test_demo_trains_the_tiny_model_offline(
     assert model_line in out and "Prefect flow run:" in out
     # the thresholds fitted on the validation records: in the run summary and used for the held-out scores
     assert out.count(f"fitted on {DEMO_SIZES['valid']} validation records: micro F1") == 2  # export line + scoring
-    assert "best eval_f1:" in out
+    assert "best eval_f1_fitted:" in out  # selection by the F1 of the model the run ships
     assert f"held-out F1 on {DEMO_SIZES['test']} unseen records ({tmp_path / 'demo' / 'data' / 'test.jsonl'}):" in out
     assert "  before training: F1 " in out and "  after training:  F1 " in out
+    assert re.search(r"after training:  F1 \d\.\d{3}, macro F1 \d\.\d{3}", out), out
+    # the held-out per-label table: every label with its support and how many false positives are another label's
+    for label in sorted(TINY_ENTITY_TYPES):
+        assert re.search(rf"^  entities/{label} +\d\.\d{{4}} +\d\.\d{{4}} +\d\.\d{{4}} +\d+ +\d+", out, re.M), out
     assert out.count("  text:      ") == 3 and out.count("  extracted: ") == 3 and out.count("  gold:      ") == 3
     first = json.loads((tmp_path / "demo" / "data" / "test.jsonl").read_text().splitlines()[0])
     assert f"  text:      {first['input']}" in out
@@ -411,7 +416,18 @@ def test_evaluate_prints_per_label_scores_and_totals(
     assert report["metrics"] == expected.metrics() and report["per_label"] == expected.rows()
     assert (report["threshold"], report["records"], report["total"]["support"]) == (0.0, 6, expected.total().support)
     lines = printed.splitlines()
-    assert lines[0].split() == ["label", "precision", "recall", "F1", "support"]
+    assert lines[0].split() == [
+        "label",
+        "precision",
+        "recall",
+        "F1",
+        "support",
+        "fp",
+        "that",
+        "are",
+        "another",
+        "label's",
+    ]
     assert [line.split()[0] for line in lines[1:5]] == [f"entities/{label}" for label in sorted(TINY_ENTITY_TYPES)]
     total = expected.total()
     assert lines[6].split() == [
@@ -422,6 +438,16 @@ def test_evaluate_prints_per_label_scores_and_totals(
         f"{total.f1:.4f}",
     ] + [str(total.support)]
     assert f"tp {total.tp}, fp {total.fp}, fn {total.fn}" in lines[7]
+    metrics = expected.metrics()
+    assert lines[7].startswith(f"micro F1 {metrics['eval_f1']:.4f}, macro F1 {metrics['eval_macro_f1']:.4f} over 4")
+    # per label: how many false positives are another label's gold mentions (threshold 0: the model tags widely)
+    for line, row in zip(lines[1:5], expected.rows(), strict=True):
+        assert line.split()[5] == str(row["confused"])
+    assert any(row["confused"] for row in expected.rows())
+    zero = [f"{r['kind']}/{r['label']} ({r['support']} gold)" for r in expected.rows() if r["support"] and not r["f1"]]
+    assert (f"WARNING: F1 0 on these records for label(s) with gold mentions: {', '.join(zero)}" in printed) == bool(
+        zero
+    )
 
 
 def test_evaluate_refuses_unusable_input(scored: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,8 +51,11 @@ def test_compare_decides_with_each_models_own_thresholds(
     assert decision["verdict"] == "rejected" and decision["rule"]["resamples"] == 500
     assert decision["guard"]["records"] == 12 and decision["guard"]["passed"] is False
     assert "vanished" in {label["verdict"] for label in decision["test"]["labels"]}
-    assert printed.startswith(f"A (current): {models['extracts']} (threshold 0, fallback)\n")
-    assert f"B (candidate): {models['silent']} (threshold 1, recorded)" in printed
+    current = scores["data"]["current"]
+    f1s = f"micro F1 {current['eval_f1']:.4f}, macro F1 {current['eval_macro_f1']:.4f}"
+    assert printed.startswith(f"A (current): {models['extracts']} (threshold 0, fallback): {f1s}\n")
+    assert current["eval_macro_f1"] > 0.0
+    assert f"B (candidate): {models['silent']} (threshold 1, recorded): micro F1 0.0000, macro F1 0.0000" in printed
     assert "promotion: rejected" in printed and "guard (12 records)" in printed and "data (40 records)" in printed
 
     # A's F1 is what `evaluate` reports for the same model, records, label order and threshold

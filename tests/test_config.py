@@ -36,7 +36,7 @@ def test_defaults_follow_native_except_documented_changes() -> None:
     assert (cfg.batch_size, cfg.gradient_accumulation_steps, cfg.num_epochs, cfg.max_steps) == (2, 1, 10, -1)
     assert (cfg.encoder_lr, cfg.task_lr, cfg.seed) == (1e-5, 5e-4, 42)
     assert (cfg.metric_for_best, cfg.greater_is_better, cfg.eval_extraction, cfg.eval_threshold) == (
-        "eval_f1",
+        "eval_f1_fitted",
         True,
         True,
         0.5,

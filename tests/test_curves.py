@@ -126,8 +126,10 @@ def test_the_curves_follow_a_run_through_a_crash_and_resume(space: dict[str, Any
     rates = [e["learning_rate"] for e in train]
     assert all(close(y, r, max(rates)) for (_, y), r in zip(rate, rates, strict=True))
     f1 = drawn_points(images["validation F1"])
-    labels = {row["label"] for row in evaluations[-1]["per_label"]}
-    assert set(f1) == {"overall F1"} | labels and labels, f1.keys()
-    assert [y for _, y in f1["overall F1"]] == pytest.approx([e["eval_f1"] for e in evaluations], abs=1e-3)
+    labels = {row["label"] for row in evaluations[-1]["per_label_fitted"]}
+    overall = {"micro F1 (fitted)", "macro F1 (fitted)", "micro F1 at eval_threshold", "macro F1 at eval_threshold"}
+    assert set(f1) == overall | labels and labels, f1.keys()
+    for name, key in (("micro F1 (fitted)", "eval_f1_fitted"), ("macro F1 at eval_threshold", "eval_macro_f1")):
+        assert [y for _, y in f1[name]] == pytest.approx([e[key] for e in evaluations], abs=1e-3)
     assert "step **6** of 6" in final.data and "2 validation(s)" in final.data
     assert json.loads((run_dir / "cursor.json").read_text())["step"] == 6

@@ -49,11 +49,24 @@ def test_best_export_names_its_own_step_and_carries_thresholds_fitted_for_it(tmp
     model = load_exported_model(str(tmp_path / "best"))
     pairs = to_pairs(eval_records(8))
     seed = int(run.config.seed)
-    at_fitted = score_extraction(pairs, model_extractor(model, threshold=fitted), seed=seed).metrics()["eval_f1"]
-    at_default = score_extraction(pairs, model_extractor(model, threshold=fixed(0.5)), seed=seed).metrics()
+    fitted_report = score_extraction(pairs, model_extractor(model, threshold=fitted), seed=seed)
+    at_fitted = fitted_report.metrics()["eval_f1"]
+    default_report = score_extraction(pairs, model_extractor(model, threshold=fixed(0.5)), seed=seed)
+    at_default = default_report.metrics()
     assert at_fitted == fitted.details["f1"] > 0.0  # the early tiny model finds nothing at 0.5, some below it
-    assert fitted.entities  # labels with >= 10 gold mentions got values of their own, applied per label
+    assert fitted_report.metrics()["eval_macro_f1"] == fitted.details["macro_f1"]
     assert at_default["eval_f1"] == fitted.details["f1_default"]
+    # export.json per label: support, its value, and its F1 there, at the global value and at 0.5, each what
+    # gliner2 really extracts with the exported model at those values
+    global_report = score_extraction(pairs, model_extractor(model, threshold=fixed(fitted.threshold)), seed=seed)
+    labels = recorded["thresholds"]["details"]["labels"]
+    assert set(labels) == {f"entities/{label}" for label in recorded["schema"]["entities"]}
+    for report, key in ((fitted_report, "f1"), (global_report, "f1_global"), (default_report, "f1_default")):
+        for row in report.rows():
+            line = labels[f"{row['kind']}/{row['label']}"]
+            assert (line["support"], line[key]) == (row["support"], row["f1"]), (row["label"], key)
+    for name, line in labels.items():
+        assert line["threshold"] == fitted.for_label("entities", name.split("/", 1)[1])
 
     final = run.export_weights(str(tmp_path / "final"), which="final")
     assert json.loads((tmp_path / "final" / "export.json").read_text())["step"] == final["step"] == run.session.step
@@ -92,6 +105,11 @@ def test_evaluate_uses_the_recorded_thresholds_unless_one_is_passed(tmp_path, ca
     own, printed = evaluate()
     assert own["thresholds"] == {"source": "fitted", **recorded.to_dict()} and own["threshold"] == 0.0
     assert predicted(own, "city") == 0 and predicted(own, "person") > 0  # city's own 1.0 silences it, only it
+    city = next(row for row in own["per_label"] if row["label"] == "city")
+    assert (
+        f"WARNING: F1 0 on these records for label(s) with gold mentions: entities/city ({city['support']} gold)"
+        in (printed)
+    )
     assert (
         "thresholds 0 (entities city 1), fitted on 6 validation records" in printed and "(the model's own)" in printed
     )
@@ -110,9 +128,10 @@ def test_a_training_run_exports_the_selected_step_with_fitted_thresholds(tmp_pat
     from support.flow import make_space, run_flow
 
     space = make_space(tmp_path)
-    # selected by eval_f1 (the default) at 0.5: the tiny model finds nothing at 0.5 at either validation, so the
-    # first (step 3 of 6) stays best (a later one must be strictly better): best != final
-    config = training_config()
+    # selected by eval_f1 at 0.5 (named: the default is the fitted F1, which picks the last step here): the tiny model
+    # finds nothing at 0.5 at either validation, so the first (step 3 of 6) stays best (a later one must be strictly
+    # better): best != final
+    config = training_config(metric_for_best="eval_f1")
     summary = run_flow(
         model=space["span"],
         train_data=space["inputs"]["train"],

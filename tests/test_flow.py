@@ -448,6 +448,7 @@ def test_validation_best_f1_equals_the_f1_of_the_exported_best_model(space: dict
         task_lr=2e-2,
         warmup_ratio=0.1,
         eval_threshold=threshold,
+        metric_for_best="eval_f1",  # selection by the F1 at eval_threshold (the default is the fitted F1)
     )
     summary = run_flow(
         model=space["span"],

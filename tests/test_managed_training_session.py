@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -9,9 +10,11 @@ import pytest
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core.label_order import shuffle_schema
+from prefect_gliner2.session_core.fitted_scores import fitted_metrics
+from prefect_gliner2.session_core.label_order import extraction_schemas, shuffle_schema
 from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, SCORE_KEYS
 from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
+from prefect_gliner2.session_core.threshold_table import FLOOR
 from prefect_gliner2.training import (
     ConfigError,
     ManagedTraining,
@@ -305,12 +308,103 @@ def test_validation_scores_what_gliner2_extracts_and_restores_train_mode():
     assert metrics["per_label"] == expected.rows()
     assert metrics["eval_f1_canonical"] == score_records(golds, canonical).metrics()["eval_f1"]
     assert metrics["eval_f1_order_min"] <= metrics["eval_f1"] <= metrics["eval_f1_order_max"]
-    assert run.best_metric == metrics["eval_f1"] and run.config.greater_is_better is True
+    # the fitted scores: one more extraction at the fit's floor with confidences, in the shuffled order of trial 0,
+    # fitted and scored torch-free; selection follows the fitted micro F1 by default
+    floor = session.extract(
+        texts, extraction_schemas(golds, seed=run.config.seed), threshold=FLOOR, include_confidence=True
+    )
+    session.model.train()
+    session.engine.processor.change_mode(is_training=True)
+    assert {k: metrics[k] for k in fitted_metrics(golds, floor)} == fitted_metrics(golds, floor)
+    assert run.config.metric_for_best == "eval_f1_fitted" and run.config.greater_is_better is True
+    assert run.best_metric == metrics["eval_f1_fitted"]
 
 
 def test_best_and_early_stopping_follow_eval_f1_higher_is_better():
-    run, plan = managed("span", False, num_epochs=3, eval_threshold=0.0, early_stopping=True, early_stopping_patience=5)
+    run, plan = managed(
+        "span",
+        False,
+        num_epochs=3,
+        eval_threshold=0.0,
+        early_stopping=True,
+        early_stopping_patience=5,
+        metric_for_best="eval_f1",
+    )
     result = run.run()
     f1s = [entry["eval_f1"] for entry in result["eval_metrics_history"]]
     best = max(range(len(f1s)), key=lambda i: (f1s[i], -i))  # the first of the highest (strictly better wins)
     assert result["best_metric"] == f1s[best] and result["best_step"] == result["eval_metrics_history"][best]["step"]
+
+
+# ---- selection by the F1 of the shipped model ---------------------------------------------------------------------
+
+# a validation history where the F1 at 0.5 and the F1 at the fitted thresholds disagree: at 0.5 the first validation
+# is best (0.19, then 0.0 and 0.18), at the fitted thresholds the second (0.50, 0.70, 0.60)
+HISTORY = [
+    {"eval_f1": 0.19, "eval_f1_fitted": 0.50},
+    {"eval_f1": 0.00, "eval_f1_fitted": 0.70},
+    {"eval_f1": 0.18, "eval_f1_fitted": 0.60},
+]
+
+
+@pytest.mark.parametrize(("metric", "best", "stopped_after"), [(None, 2, 3), ("eval_f1", 1, 2)])
+def test_selection_and_early_stopping_follow_the_fitted_f1_by_default(metric, best, stopped_after):
+    """Hand-checkable: patience 1 stops at the first validation that does not beat the best so far."""
+    chosen = {"metric_for_best": metric} if metric else {}
+    run, _ = managed("span", False, early_stopping=True, early_stopping_patience=1, **chosen)
+    assert run.config.metric_for_best == (metric or "eval_f1_fitted")
+    seen = 0
+    for metrics in HISTORY:
+        if run.stopped_early:
+            break
+        run._select(metrics)
+        seen += 1
+    assert (seen, run.stopped_early) == (stopped_after, True)
+    assert run.best_metric == HISTORY[best - 1][metric or "eval_f1_fitted"]  # the values are distinct: it names one
+
+
+def test_a_run_selected_by_the_fitted_f1_resumes_bitwise(tmp_path):
+    """A real tiny run: at 0.5 the model finds nothing at any validation (eval_f1 0, 0, 0: the first would stay
+    best), at the fitted thresholds the second validation (step 4) is best. Checkpointed right after the first
+    validation, a fresh process resumes to the same histories (fitted thresholds included), the same best step,
+    bitwise equal weights and the same export (weights and export.json)."""
+    config = {**EVAL, "save_best": True, "num_epochs": 3}
+    run, plan = managed("span", False, **config)
+    run.run(until=plan.batches_per_epoch)
+    assert len(run.eval_metrics_history) == 1 and not run.validation_due
+    run.save_state(str(tmp_path / "ckpt"))
+    result = run.run()
+    run.export_weights(str(tmp_path / "expected"))
+    history = result["eval_metrics_history"]
+    assert [entry["eval_f1"] for entry in history] == [0.0, 0.0, 0.0]
+    fitted = [entry["eval_f1_fitted"] for entry in history]
+    assert fitted[1] > max(fitted[0], fitted[2]) > 0.0 and result["best_step"] == history[1]["step"] == 4
+    recorded = json.loads((tmp_path / "expected" / "export.json").read_text())["thresholds"]
+    # the export's thresholds are the best validation's fit: the same extraction, fitted the same way
+    assert recorded["details"]["f1"] == history[1]["eval_f1_fitted"] == result["best_metric"]
+    assert recorded["details"]["macro_f1"] == history[1]["eval_macro_f1_fitted"]
+    assert {k: recorded[k] for k in ("threshold", "entities", "relations", "fields")} == {
+        k: history[1]["thresholds_fitted"][k] for k in ("threshold", "entities", "relations", "fields")
+    }
+    child = run_child(
+        "session_child",
+        {
+            "arch": "span",
+            "lora": False,
+            "mode": "managed",
+            "eval": True,
+            "config": config,
+            "checkpoint": str(tmp_path / "ckpt"),
+            "out": str(tmp_path / "out.st"),
+            "export": str(tmp_path / "resumed"),
+        },
+    )
+    assert_bitwise_equal(safetensors.torch.load_file(str(tmp_path / "out.st")), snapshot(run.session))
+    for key in ("train_metrics_history", "eval_metrics_history", "best_metric", "best_step", "total_steps"):
+        assert child[key] == result[key], key
+    assert_bitwise_equal(
+        safetensors.torch.load_file(str(tmp_path / "resumed" / "model.safetensors")),
+        safetensors.torch.load_file(str(tmp_path / "expected" / "model.safetensors")),
+    )
+    resumed = json.loads((tmp_path / "resumed" / "export.json").read_text())["thresholds"]
+    assert resumed == recorded

@@ -125,7 +125,9 @@ def test_a_crashed_and_resumed_run_is_one_mlflow_run_with_each_step_once_and_pro
     assert _steps(client, run.info.run_id, "eval_f1") == _steps(client, run.info.run_id, "eval_loss") == [3, 6]
     labels = {row["label"] for row in evaluations[-1]["per_label"]}
     assert labels and all(f"eval_f1/{label}" in run.data.metrics for label in labels)
-    assert run.data.metrics["eval_f1"] == pytest.approx(evaluations[-1]["eval_f1"])
+    assert all(f"eval_f1_fitted/{label}" in run.data.metrics for label in labels)
+    for key in ("eval_f1", "eval_macro_f1", "eval_f1_fitted", "eval_macro_f1_fitted"):
+        assert run.data.metrics[key] == pytest.approx(evaluations[-1][key]), key
     logged = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
     assert logged >= {p.name for p in Path(summary["export"]).iterdir() if p.is_file()} and logged
 

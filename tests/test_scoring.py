@@ -198,8 +198,38 @@ def test_micro_macro_per_kind_and_rows():
         "tp": 1,
         "fp": 0,
         "fn": 1,
+        "confused": 0,
+        "confused_with": {},
     }
     assert json.loads(json.dumps(report.to_dict()))["total"]["support"] == 5
+
+
+def test_confusion_counts_the_false_positives_that_are_another_labels_gold():
+    gold = [
+        {"entities": {"person": ["Ann", "Bo"], "city": ["Rome", "Oslo"], "day": ["Monday"]}},
+        {"entities": {"person": ["Cy"], "city": ["Ann"], "day": []}},
+    ]
+    predicted = [
+        # person: Rome and Oslo are cities (2 confused), Zed is no one's; city: Ann is a person (1), Monday a day (1)
+        {"entities": {"person": ["Ann", "Rome", "Oslo", "Zed"], "city": ["Rome", "Ann", "Monday"], "day": []}},
+        # Ann is gold for city in this record, not for person: a confusion with city; Cy for person is right
+        {"entities": {"person": ["Cy", "Ann"], "city": [], "day": ["Cy"]}},
+    ]
+    report = score_records(gold, predicted)
+    rows = {row["label"]: row for row in report.rows()}
+    assert (rows["person"]["fp"], rows["person"]["confused"], rows["person"]["confused_with"]) == (4, 3, {"city": 3})
+    assert (rows["city"]["fp"], rows["city"]["confused"]) == (2, 2)
+    assert rows["city"]["confused_with"] == {"day": 1, "person": 1}
+    assert (rows["day"]["fp"], rows["day"]["confused"], rows["day"]["confused_with"]) == (1, 1, {"person": 1})
+    # a relation predicted for one type whose (head, tail) is gold for another type of the record
+    gold_r = [
+        {"relations": [{"works_for": {"head": "Ann", "tail": "Acme"}}, {"lives_in": {"head": "Bo", "tail": "Oslo"}}]}
+    ]
+    ann_acme = {"head": "Ann", "tail": "Acme"}
+    predicted_r = [{"relation_extraction": {"works_for": [], "lives_in": [ann_acme, {"head": "X", "tail": "Y"}]}}]
+    rows = {row["label"]: row for row in score_records(gold_r, predicted_r).rows()}
+    assert (rows["lives_in"]["fp"], rows["lives_in"]["confused"]) == (2, 1)
+    assert rows["lives_in"]["confused_with"] == {"works_for": 1} and rows["works_for"]["confused"] == 0
 
 
 def test_inference_schema_asks_for_every_label_of_the_data_set():

@@ -6,7 +6,8 @@
 A is the current model, B the candidate. Both (and the base model, with ``--base``) are scored on the same records
 under the same conditions (runtime/compare.py: the same seeded label order per record, each model with the
 thresholds its export.json records, else ``--threshold``), in this process; the rule (session_core/promotion.py)
-decides from a seeded paired bootstrap. Prints the decision, the F1s with their intervals and the label table;
+decides from a seeded paired bootstrap. Prints each model's micro and macro F1, the decision, the F1s with their
+intervals and the label table;
 ``--json`` also writes the scores and the decision. Exits 0 whatever the verdict (it is in the output).
 """
 
@@ -113,7 +114,7 @@ def _check_inputs(args: Any, models: list[str]) -> None:
 
 
 def _header(args: Any, scores: dict[str, Any]) -> str:
-    """Which model is which, and the thresholds each one was asked with."""
+    """Which model is which, the thresholds each one was asked with, and its micro and macro F1 on the data."""
     from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT
 
     lines = []
@@ -123,6 +124,9 @@ def _header(args: Any, scores: dict[str, Any]) -> str:
             per_label = sum(len(thresholds[kind]) for kind in ("entities", "relations", "fields"))
             extra = f" + {per_label} per-label" if per_label else ""
             where = scores[role]["thresholds_from"]
-            lines.append(f"{name}: {scores[role]['uri']} (threshold {thresholds['threshold']:g}{extra}, {where})")
+            f1s = f"micro F1 {scores[role]['eval_f1']:.4f}, macro F1 {scores[role]['eval_macro_f1']:.4f}"
+            lines.append(
+                f"{name}: {scores[role]['uri']} (threshold {thresholds['threshold']:g}{extra}, {where}): {f1s}"
+            )
     order = f"labels asked in a seeded random order per record (seed {args.seed})"
     return "\n".join(lines) + f"\n{order}\n\n"

@@ -1,5 +1,6 @@
-"""``prefect-gliner2 evaluate``: precision, recall, F1 and support per label of a model's extractions on gold
-records, then the totals, with gliner2's own batched inference, in this process."""
+"""``prefect-gliner2 evaluate``: precision, recall, F1, support and label confusion per label of a model's
+extractions on gold records, then the totals (micro and macro F1), with gliner2's own batched inference, in this
+process; a label with gold mentions and F1 0 is a WARNING."""
 
 from __future__ import annotations
 
@@ -107,22 +108,19 @@ def _load_for_evaluation(source: str) -> Any:
 
 
 def _report_table(report: dict[str, Any]) -> str:
-    """Per-label precision, recall, F1 and support, then the totals."""
+    """Per-label precision, recall, F1, support and confusion, the totals (micro and macro F1), the thresholds, the
+    label-order spread, and a WARNING naming every label with gold mentions that scores F1 0."""
+    from prefect_gliner2.session_core.run_warnings import label_warning
+    from prefect_gliner2.session_core.score_text import label_table
     from prefect_gliner2.session_core.thresholds import describe
 
-    rows = [(r["kind"], r["label"], r) for r in report["per_label"]]
-    width = max([len(f"{k}/{label}") for k, label, _ in rows] + [len("all (micro)")])
-    head = f"{'label':<{width}}  precision  recall      F1  support"
-
-    def line(name: str, row: dict[str, Any]) -> str:
-        return f"{name:<{width}}  {row['precision']:9.4f}  {row['recall']:6.4f}  {row['f1']:6.4f}  {row['support']:7d}"
-
-    lines = [head, *(line(f"{k}/{label}", r) for k, label, r in rows), "-" * len(head)]
-    lines.append(line("all (micro)", report["total"]))
+    rows = report["per_label"]
+    lines = label_table(rows, report["total"])
     metrics = report["metrics"]
     lines.append(
-        f"macro F1 {metrics['eval_macro_f1']:.4f} over {len(rows)} label(s); {report['records']} records; "
-        f"tp {report['total']['tp']}, fp {report['total']['fp']}, fn {report['total']['fn']}"
+        f"micro F1 {metrics['eval_f1']:.4f}, macro F1 {metrics['eval_macro_f1']:.4f} over {len(rows)} label(s); "
+        f"{report['records']} records; tp {report['total']['tp']}, fp {report['total']['fp']}, "
+        f"fn {report['total']['fn']}"
     )
     thresholds = dict(report["thresholds"])
     source = thresholds.pop("source")
@@ -134,4 +132,5 @@ def _report_table(report: dict[str, Any]) -> str:
         f"orders {order['eval_f1_order_min']:.4f}-{order['eval_f1_order_max']:.4f}, in the data's own order "
         f"{order['eval_f1_canonical']:.4f}"
     )
-    return "\n".join(lines)
+    warning = label_warning(rows, "these records")
+    return "\n".join(lines + ([f"WARNING: {warning}"] if warning else []))

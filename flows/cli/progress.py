@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_gliner2.session_core.score_text import validation_scores
 from prefect_gliner2.session_core.thresholds import describe as describe_thresholds
 
 __all__ = ["ProgressBar", "RecordBar", "describe"]
@@ -27,11 +28,7 @@ class ProgressBar:
             self._draw(data, final=False)
         elif kind == "validation" and data.get("metrics"):
             metrics = data["metrics"]
-            scores = (
-                f"F1 {metrics['eval_f1']:.4f} (P {metrics['eval_precision']:.4f}, R {metrics['eval_recall']:.4f}), "
-                if "eval_f1" in metrics
-                else ""
-            )
+            scores = f"{validation_scores(metrics)}; " if "eval_f1" in metrics else ""
             self._line(f"validation at step {metrics.get('step')}: {scores}eval_loss {metrics.get('eval_loss'):.6g}")
         elif kind == "checkpoint" and data.get("committed"):
             self._line(f"checkpoint {data.get('name')} committed")
