@@ -7,7 +7,7 @@ A crash, a retry or a new run with the same parameters continues the job: chunks
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from prefect import flow, get_run_logger
 from pydantic import Field
@@ -32,6 +32,8 @@ def extract_flow(
     records_per_task: Annotated[int, Field(ge=1)] = 256,
     chunk_size: Annotated[int, Field(ge=1)] = 384,
     chunk_overlap: Annotated[int, Field(ge=0)] = 64,
+    runtime: Literal["torch", "onnx"] = "torch",
+    precision: Literal["fp32", "fp16", "int8"] | None = None,
 ) -> dict[str, Any]:
     """Extract with a registered model from every record of `data` into `out`.
 
@@ -47,6 +49,9 @@ def extract_flow(
         records_per_task: Records per chunk task (the unit of caching and resumption).
         chunk_size: Texts longer than this many words are split into overlapping windows (gliner2's chunking).
         chunk_overlap: Words shared by adjacent windows.
+        runtime: "torch" (gliner2 on the torch model) or "onnx" (the version's ONNX export, through gliner2-onnx;
+            its lineage names it: ``prefect-gliner2 export --format onnx`` or the training flow's ONNX step).
+        precision: The ONNX export's precision (default: its first of fp32, int8, fp16); only with runtime "onnx".
     """
     with interrupts_surface():
         logger = get_run_logger()
@@ -58,16 +63,20 @@ def extract_flow(
             records_per_chunk=records_per_task,
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
+            runtime=runtime,
+            precision=precision,
         )
         job = prepare_job(reference, data, out, settings)
         if job.committed is not None:
             logger.info("%s is already complete (%d line(s)); nothing to do", job.out, job.committed["records"])
             return {**job.committed, "already_committed": True}
         logger.info(
-            "extracting %d record(s) in %d chunk task(s) with %s; threshold %s",
+            "extracting %d record(s) in %d chunk task(s) with %s (%s%s); threshold %s",
             job.input.records,
             job.input.chunks,
             job.model.describe(),
+            job.settings.runtime,
+            f" {job.settings.precision}: {job.model.uri}" if job.settings.precision else "",
             job.threshold_source,
         )
         records = []

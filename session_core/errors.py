@@ -19,6 +19,7 @@
     │   ├── TrainingNumericsError (FloatingPointError)  non-finite loss/gradients, or a loss without grad
     │   ├── RegistryError (ValueError)         a model registry name, version or pointer is invalid or missing
     │   ├── RunLockedError (RuntimeError)      another live run holds the run key's lease
+    │   ├── ParityError (RuntimeError)         an ONNX export outside the parity gate's tolerance (its figures)
     │   └── StorageFullError (OSError)         a write failed with ENOSPC, EFBIG, EDQUOT or EROFS (any process)
     └── TransientError (RuntimeError)          a retry may help
         ├── WorkerDied                         the session worker process vanished (kill, OOM, segfault)
@@ -48,6 +49,7 @@ __all__ = [
     "DeadCountHeadError",
     "LeaseUnreadableError",
     "ManifestError",
+    "ParityError",
     "PlanMismatchError",
     "PrecisionError",
     "PrefectGliner2Error",
@@ -157,6 +159,18 @@ class RunConflictError(PlanMismatchError):
 
 class RunLockedError(SessionCoreError, RuntimeError):
     """Another live flow run holds the lease on this run key."""
+
+
+class ParityError(SessionCoreError, RuntimeError):
+    """An ONNX export whose graphs do not extract what the torch model extracts, within the precision's tolerance;
+    `reports` holds the gate's figures per precision (``session_core.onnx_parity``). Nothing was published."""
+
+    def __init__(self, message: str, reports: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.reports = list(reports or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.reports))
 
 
 class StorageFullError(SessionCoreError, OSError):
