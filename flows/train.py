@@ -19,7 +19,7 @@ Importing this module does not import torch: training happens in the worker proc
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
@@ -38,12 +38,14 @@ from prefect_gliner2.flows.params import (
 from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
+from prefect_gliner2.runtime.onnx_step import check_onnx_step, eval_examples
 from prefect_gliner2.runtime.prepare import prepare_run
 from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult
 from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
 from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.runtime.spare import discard_spare, spare_worker
 from prefect_gliner2.tasks.export import export_model
+from prefect_gliner2.tasks.onnx import export_onnx_step
 
 __all__ = ["TrainingConfigModel", "TrainingSettings", "run_options", "train_flow"]
 
@@ -97,6 +99,7 @@ def train_flow(
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
     lease: LeaseSettings = DEFAULT_LEASE,
+    onnx: list[Literal["fp32", "fp16", "int8"]] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -116,20 +119,36 @@ def train_flow(
         checkpointing: When checkpoints are taken, how many are kept and whether they are written in the background.
         execution: Batches per task, operations sent ahead, the device and the worker's CPU threads.
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
+        onnx: Also export the model to ONNX for these precisions (fp32, fp16, int8) into the export's onnx/ folder,
+            behind the parity gate on the validation records (span models, entity tasks; checked before training;
+            needs the onnx extra). The summary's ``onnx`` holds each precision's figures.
     """
     config_given = config.to_training_config() if config else None
     with interrupts_surface(), spare_worker():
         prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
+        if onnx:
+            examples = eval_examples(prepared.manifest, prepared.run_dir.manifest_uri)
+            check_onnx_step(onnx, prepared.plan.architecture, examples, seed=prepared.plan.config.seed)
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
         with open_run(prepared, options, run_hooks()) as run:
             discard_spare()  # adopted by the run's worker by now, unless none started (a finished run, a reused one)
             if run.done is not None:
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"
-                return _completed_state(message, run.completed_summary())
+                return _completed_state(message, _with_onnx(run.completed_summary(), run, onnx))
             summary, where = _train(run, checkpointing, execution)
+            summary = _with_onnx(summary, run, onnx)
             return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+
+
+def _with_onnx(summary: dict[str, Any], run: OpenRun, onnx: list[str] | None) -> dict[str, Any]:
+    """The summary with the ONNX step's figures (``onnx``) when it was asked for: the step runs once the run is
+    finished (a refusal by the parity gate fails the flow run; the torch model stays exported)."""
+    if not onnx:
+        return summary
+    seed = run.prepared.plan.config.seed
+    return {**summary, "onnx": export_onnx_step(summary["export"], run.run_dir.manifest_uri, onnx, seed)}
 
 
 def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings) -> tuple[dict[str, Any], str]:

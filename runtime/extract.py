@@ -226,7 +226,8 @@ def _thresholds(ref: ModelRef, explicit: float | None) -> tuple[Thresholds, str]
     if recorded is None:
         return fixed(DEFAULT_THRESHOLD), f"{DEFAULT_THRESHOLD} (gliner2's default: the model records no thresholds)"
     per_label = sum(len(getattr(recorded, kind)) for kind in ("entities", "relations", "fields"))
-    return recorded, f"{recorded.threshold} and {per_label} per-label value(s), fitted (from the model's export.json)"
+    where = "recorded with the ONNX export" if "precisions" in ref.export_info else "from the model's export.json"
+    return recorded, f"{recorded.threshold} and {per_label} per-label value(s), fitted ({where})"
 
 
 def _recorded_thresholds(ref: ModelRef) -> Thresholds | None:

@@ -275,7 +275,7 @@ def _tools(export_seconds: float) -> dict[str, Any]:
         **versions,
         "exporter": "torch.onnx.export (TorchScript, dynamo=False)",
         "opset": OPSET,
-        "quantization": "onnxruntime.quantization.quantize_dynamic (QInt8 weights)",
+        "quantization": "onnxruntime.quantization.quantize_dynamic (QInt8 weights per channel)",
         "export_seconds": round(export_seconds, 2),
     }
 

@@ -84,7 +84,7 @@ def minilm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("onnx-minilm")
     init_model(ENCODER, "span", root / "span")
     golden = write_jsonl(root / "golden.jsonl", tiny_records(16, seed=5))
-    record = export_onnx(str(root / "span"), str(root / "onnx"), golden, ["fp32", "int8"])
+    export_onnx(str(root / "span"), str(root / "onnx"), golden, ["fp32", "int8"])
     return {"root": root, "model": str(root / "span"), "golden": golden, "onnx": str(root / "onnx"), "gold": 16}
 
 
@@ -101,8 +101,8 @@ def _assert_loads_unchanged_and_passed(export: dict[str, Any], text: str) -> dic
         assert parity["passed"] and parity["records"] == export["gold"] and parity["torch_spans"] > 16, parity
         assert len(entry["sha256"]) == 4 and all(len(d) == 64 for d in entry["sha256"].values())
     fp32, int8 = record["precisions"]["fp32"]["parity"], record["precisions"]["int8"]["parity"]
-    assert fp32["span_agreement"] == 1.0 and fp32["equal_lines"] == export["gold"] and fp32["max_score_diff"] <= 1e-4, fp32
-    assert fp32["f1_torch"] == fp32["f1_onnx"]
+    assert fp32["span_agreement"] == 1.0 and fp32["equal_lines"] == export["gold"], fp32
+    assert fp32["max_score_diff"] <= 1e-4 and fp32["f1_torch"] == fp32["f1_onnx"], fp32
     assert abs(int8["f1_diff"]) <= 0.01 and int8["f1_diff"] == int8["f1_onnx"] - int8["f1_torch"], int8
     assert {row["label"] for row in int8["per_label"]} == set(LABELS)  # per label, not only micro
     return record
@@ -113,7 +113,7 @@ def test_an_init_model_minilm_export_loads_in_gliner2_onnx_and_passes_the_gate(m
     source = record["source"]
     assert source["uri"] == minilm["model"] and len(source["weights_sha256"]) == 64
     assert record["thresholds"]["threshold"] == 0.5 and "no thresholds" in record["threshold_source"]
-    assert record["schema"] == {"entities": ["person", "company", "city", "day"]}  # the golden set's, in data order
+    assert record["schema"] == {"entities": ["person", "city", "company", "day"]}  # the golden set's, in data order
     assert record["golden"]["records"] == 16 and record["golden"]["label_order"] == "shuffled"
     assert record["tools"]["exporter"].startswith("torch.onnx.export") and record["tools"]["opset"] == 17
     config = json.loads((Path(minilm["onnx"]) / "gliner2_config.json").read_text())
@@ -284,3 +284,32 @@ def test_a_registry_version_records_its_onnx_export_and_the_flow_extracts_with_i
     common = ["--data", data, "--chunk-records", "8", "--chunk-size", "30", "--chunk-overlap", "6"]
     assert main(["extract", "--model", reference, "--runtime", "onnx", "--out", str(cli), *common]) == 0
     assert (sharp["root"] / "flow.jsonl").read_bytes() == cli.read_bytes()
+
+
+def test_the_training_flow_exports_onnx_after_training_or_refuses_before_it(
+    prefect_server: str, tmp_path: Path
+) -> None:
+    """``train_flow(onnx=[...])``: the export's onnx/ folder, gated on the run's validation records, its figures in
+    the summary and, once registered, in the version's lineage; a run it cannot export is refused before training."""
+    from gliner2_onnx import GLiNER2ONNXRuntime
+
+    from prefect_gliner2.runtime.onnx_step import check_onnx_step
+
+    from support.flow import make_space, run_flow, space_params
+
+    space = make_space(tmp_path)
+    with pytest.raises(ConfigError, match="boundary model: gliner2-onnx implements the span architecture only"):
+        run_flow(**space_params(space, "onnx-boundary", model=space["boundary"], onnx=["int8"]))
+    assert not (tmp_path / "runs" / "onnx-boundary").exists()  # refused before the run directory was made
+    with pytest.raises(ConfigError, match="this run has none: pass valid_data"):
+        check_onnx_step(["fp32"], "span", [], seed=0)
+    summary = run_flow(**space_params(space, "onnx", onnx=["int8"]))
+    onnx = summary["onnx"]
+    assert onnx["uri"] == f"{summary['export']}/onnx" and onnx["golden"]["records"] == 4
+    assert list(onnx["precisions"]) == ["int8"] and onnx["precisions"]["int8"]["passed"]
+    GLiNER2ONNXRuntime(onnx["uri"], precision="int8")
+    version = ModelRegistry(str(tmp_path / "registry"), "ner").register(summary["export"], {"run_key": "onnx"})
+    assert version.lineage["onnx"]["uri"] == f"{version.uri}/onnx"
+    assert version.lineage["onnx"]["precisions"] == onnx["precisions"]
+    again = run_flow(**space_params(space, "onnx", onnx=["int8"]))  # complete: the step finds its export
+    assert again["onnx"] == onnx
