@@ -19,6 +19,7 @@ Importing this module does not import torch: training happens in the worker proc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, cast
 
 from prefect import flow, get_run_logger
@@ -142,7 +143,7 @@ def train_flow(
             return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
 
 
-def _with_onnx(summary: dict[str, Any], run: OpenRun, onnx: list[str] | None) -> dict[str, Any]:
+def _with_onnx(summary: dict[str, Any], run: OpenRun, onnx: Sequence[str] | None) -> dict[str, Any]:
     """The summary with the ONNX step's figures (``onnx``) when it was asked for: the step runs once the run is
     finished (a refusal by the parity gate fails the flow run; the torch model stays exported)."""
     if not onnx:

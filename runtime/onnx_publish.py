@@ -265,7 +265,7 @@ def _golden_info(golden: Any, records: RecordSet, seed: int) -> dict[str, Any]:
 
 
 def _tools(export_seconds: float) -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in ("torch", "onnx", "onnxruntime", "gliner2", "gliner2-onnx", "transformers"):
         try:
             versions[name] = package_version(name)

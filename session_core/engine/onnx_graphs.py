@@ -57,7 +57,7 @@ class _SpanRep(torch.nn.Module):
 
     def __init__(self, marker: torch.nn.Module) -> None:
         super().__init__()
-        self.marker = marker
+        self.marker: Any = marker
 
     def forward(
         self, hidden_states: torch.Tensor, span_start_idx: torch.Tensor, span_end_idx: torch.Tensor
