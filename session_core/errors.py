@@ -170,7 +170,7 @@ class ParityError(SessionCoreError, RuntimeError):
         self.reports = list(reports or [])
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.reports))
+        return (type(self), (str(self), self.reports), dict(self.__dict__))
 
 
 class StorageFullError(SessionCoreError, OSError):
