@@ -75,7 +75,7 @@ def export_onnx(
         started = time.perf_counter()
         files = write_runtime_dir(torch_model, local, chosen)
         written = time.perf_counter() - started
-        reports = _gate(local, chosen, texts, gold, schemas, thresholds, reference)
+        reports = _gate(str(local), chosen, texts, gold, schemas, thresholds, reference)
         check_parity(reports, f"of {model} to {out}")
         record = {
             "format": ONNX_FORMAT,
@@ -110,8 +110,7 @@ def check_onnx(onnx_dir: str, model: str, golden: Any, *, seed: int = 0, batch_s
     ref = resolve_model(model)
     _, texts, gold, schemas = _golden(golden, seed)
     reference = _reference(_load(ref), texts, schemas, thresholds, batch_size)
-    fs, path = resolve(onnx_dir)
-    reports = _gate(Path(path), precisions, texts, gold, schemas, thresholds, reference)
+    reports = _gate(onnx_dir, precisions, texts, gold, schemas, thresholds, reference)
     check_parity(reports, f"at {onnx_dir} (checked against {model})")
     return reports
 
@@ -196,7 +195,7 @@ def _reference(
 
 
 def _gate(
-    directory: Path,
+    directory: str,
     precisions: Sequence[str],
     texts: list[str],
     gold: list[dict[str, Any]],
@@ -208,7 +207,7 @@ def _gate(
 
     reports = []
     for precision in precisions:
-        extractor = OnnxExtractor(str(directory), precision, per_label=thresholds, chunk_size=1 << 30, chunk_overlap=0)
+        extractor = OnnxExtractor(directory, precision, per_label=thresholds, chunk_size=1 << 30, chunk_overlap=0)
         detailed = extractor.extract_detailed(texts, schemas)
         reports.append(compare_extractions(precision, gold, reference, detailed))
     return reports

@@ -54,9 +54,16 @@ def sharp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     lines[3] = json.dumps({"text": texts[3], "labels": ["city", "person"]})
     lines += [json.dumps({"text": " ".join(texts[:6]), "id": "long"}), json.dumps({"text": "Ann met Bob"})]
     (root / "in.jsonl").write_text("\n".join(lines) + "\n")
-    argv = ["export", "--model", str(root / "model"), "--format", "onnx", "--precision", "fp32", "int8"]
+    argv = ["export", "--model", str(root / "model"), "--format", "onnx", "--precision", "fp32", "int8", "fp16"]
     assert main([*argv, "--data", golden, "--out", str(root / "onnx")]) == 0
-    return {"root": root, "model": str(root / "model"), "golden": golden, "onnx": str(root / "onnx"), "gold": GOLDEN}
+    return {
+        "root": root,
+        "model": str(root / "model"),
+        "golden": golden,
+        "onnx": str(root / "onnx"),
+        "gold": GOLDEN,
+        "precisions": ["fp16", "fp32", "int8"],
+    }
 
 
 GOLDEN = 40  # gold records of the tiny model's gate: one span moves its micro F1 by about 0.001
@@ -85,7 +92,14 @@ def minilm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     init_model(ENCODER, "span", root / "span")
     golden = write_jsonl(root / "golden.jsonl", tiny_records(16, seed=5))
     export_onnx(str(root / "span"), str(root / "onnx"), golden, ["fp32", "int8"])
-    return {"root": root, "model": str(root / "span"), "golden": golden, "onnx": str(root / "onnx"), "gold": 16}
+    return {
+        "root": root,
+        "model": str(root / "span"),
+        "golden": golden,
+        "onnx": str(root / "onnx"),
+        "gold": 16,
+        "precisions": ["fp32", "int8"],
+    }
 
 
 def _assert_loads_unchanged_and_passed(export: dict[str, Any], text: str) -> dict[str, Any]:
@@ -93,7 +107,7 @@ def _assert_loads_unchanged_and_passed(export: dict[str, Any], text: str) -> dic
     from gliner2_onnx import GLiNER2ONNXRuntime
 
     record = json.loads((Path(export["onnx"]) / ONNX_EXPORT_FILE).read_text())
-    assert sorted(record["precisions"]) == ["fp32", "int8"]
+    assert sorted(record["precisions"]) == export["precisions"]
     for precision, entry in record["precisions"].items():
         runtime = GLiNER2ONNXRuntime(export["onnx"], precision=precision)
         assert runtime.extract_entities(text, LABELS, threshold=0.0), precision  # every span scores above 0
@@ -104,6 +118,8 @@ def _assert_loads_unchanged_and_passed(export: dict[str, Any], text: str) -> dic
     assert fp32["span_agreement"] == 1.0 and fp32["equal_lines"] == export["gold"], fp32
     assert fp32["max_score_diff"] <= 1e-4 and fp32["f1_torch"] == fp32["f1_onnx"], fp32
     assert abs(int8["f1_diff"]) <= 0.01 and int8["f1_diff"] == int8["f1_onnx"] - int8["f1_torch"], int8
+    if "fp16" in record["precisions"]:
+        assert abs(record["precisions"]["fp16"]["parity"]["f1_diff"]) <= 0.01
     assert {row["label"] for row in int8["per_label"]} == set(LABELS)  # per label, not only micro
     return record
 
@@ -155,7 +171,7 @@ def test_the_gate_refuses_a_damaged_export_with_its_figures(
 ) -> None:
     import prefect_gliner2.session_core.onnx_export as onnx_export
 
-    assert [r.passed for r in check_onnx(sharp["onnx"], sharp["model"], sharp["golden"])] == [True, True]
+    assert [r.passed for r in check_onnx(sharp["onnx"], sharp["model"], sharp["golden"])] == [True, True, True]
     damaged = sharp["root"] / "damaged"
     shutil.copytree(sharp["onnx"], damaged)
     _damage(damaged / "fp32" / "span_rep.onnx")
@@ -165,6 +181,7 @@ def test_the_gate_refuses_a_damaged_export_with_its_figures(
     assert "refused by the parity gate" in message and "fp32: span agreement" in message and "REFUSED" in message
     reports = {r["precision"]: r for r in refused.value.reports}
     assert not reports["fp32"]["passed"] and reports["fp32"]["span_agreement"] < 1.0 and reports["int8"]["passed"]
+    assert reports["fp16"]["passed"]  # every precision's figures, the ones within tolerance too
     argv = ["export", "--model", sharp["model"], "--format", "onnx", "--data", sharp["golden"]]
     assert main([*argv, "--out", str(damaged), "--check"]) == 1
     assert "refused: ONNX export at" in capsys.readouterr().err
