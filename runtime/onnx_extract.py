@@ -94,6 +94,7 @@ class OnnxExtractor:
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
         self._splitter = WhitespaceTokenSplitter()
+        self._asked: dict[str, dict[str, float]] = {}
 
     def words(self, text: str) -> int:
         """How many words gliner2's word splitter finds in `text` (what its chunking counts)."""
@@ -123,9 +124,13 @@ class OnnxExtractor:
         return [self._detailed(text, self._thresholds(s)) for text, s in zip(texts, schemas, strict=True)]
 
     def _thresholds(self, schema: Mapping[str, Any]) -> dict[str, float]:
-        applied = self.per_label.apply(schema)
-        check_schema(applied, "this schema")
-        return entity_thresholds(applied, self.per_label.threshold)
+        """Each label of `schema` with its threshold (checked once per distinct schema)."""
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._asked:
+            applied = self.per_label.apply(schema)
+            check_schema(applied, "this schema")
+            self._asked[key] = entity_thresholds(applied, self.per_label.threshold)
+        return self._asked[key]
 
     def _detailed(self, text: str, thresholds: Mapping[str, float], max_words: int | None = None) -> dict[str, Any]:
         seen = _encoded_text(text, self._splitter, max_words)
