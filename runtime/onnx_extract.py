@@ -124,8 +124,8 @@ class OnnxExtractor:
         return [self._detailed(text, self._thresholds(s)) for text, s in zip(texts, schemas, strict=True)]
 
     def _thresholds(self, schema: Mapping[str, Any]) -> dict[str, float]:
-        """Each label of `schema` with its threshold (checked once per distinct schema)."""
-        key = json.dumps(schema, sort_keys=True)
+        """Each label of `schema` with its threshold, in the schema's order (checked once per distinct schema)."""
+        key = json.dumps(schema)  # key order is label order: not sorted
         if key not in self._asked:
             applied = self.per_label.apply(schema)
             check_schema(applied, "this schema")
