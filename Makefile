@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fleet postgres test-cuda lint format bench bench-realdata
+.PHONY: setup demo test test-fleet postgres test-cuda lint format docs typecheck-view bench bench-realdata
 
 setup: $(STAMP)
 
@@ -33,18 +33,32 @@ test-fleet: setup postgres
 test-cuda: setup
 	CUBLAS_WORKSPACE_CONFIG=:4096:8 $(PY) -m pytest -q tests/test_training_session_cuda.py
 
-# The installed namespace maps prefect_gliner2.<pkg> onto the top-level folders (pyproject's package-dir); mypy
-# cannot follow an editable install's import hook, so it checks a symlinked view of that namespace.
-PKGS := session_core runtime tasks flows model_registry deployments
+# The installed namespace maps prefect_gliner2.<pkg> onto the top-level folders (pyproject's package-dir); mypy and
+# mkdocstrings cannot follow an editable install's import hook, so they read a symlinked view of that namespace.
+PKGS := session_core training runtime tasks flows model_registry deployments
 TYPECHECK := build/typecheck
 
-lint: setup
-	$(VENV)/bin/ruff check prefect_gliner2 $(PKGS) tests bench
-	$(VENV)/bin/ruff format --check prefect_gliner2 $(PKGS) tests bench
+typecheck-view:
 	rm -rf $(TYPECHECK)/prefect_gliner2 && mkdir -p $(TYPECHECK)/prefect_gliner2
 	ln -s ../../../prefect_gliner2/__init__.py $(TYPECHECK)/prefect_gliner2/__init__.py
 	for pkg in $(PKGS); do ln -s ../../../$$pkg $(TYPECHECK)/prefect_gliner2/$$pkg; done
+
+lint: setup typecheck-view
+	$(VENV)/bin/ruff check prefect_gliner2 $(PKGS) tests bench
+	$(VENV)/bin/ruff format --check prefect_gliner2 $(PKGS) tests bench
 	cd $(TYPECHECK) && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p prefect_gliner2
+
+# The documentation site from docs/ (mkdocs.yml: MkDocs, Material, the API pages by mkdocstrings) into build/site;
+# --strict: a warning (a broken link, a docstring the handler cannot read, a missing page) fails the build.
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# (Material 9.x reaches end of life in May 2027; its successor is Zensical: NO_MKDOCS_2_WARNING quiets that banner.)
+docs: $(DOCS_STAMP) typecheck-view
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 format: setup
 	$(VENV)/bin/ruff format prefect_gliner2 $(PKGS) tests bench

@@ -25,14 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_process import ROOT, run_bench_script  # noqa: E402  (bench/fresh_process.py, beside this script)
 from overlap import bench_config  # noqa: E402  (bench/overlap.py, beside this script)
 
-from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model  # noqa: E402
+from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model  # noqa: E402
 
 _SCRIPT = """
 import json, time, torch
 torch.set_num_threads({threads})
 from gliner2.auto import AutoExtractor
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.training.tiny import tiny_records
 cfg = TrainingConfig.from_dict({config!r})
 plan = ManagedTrainingPlan(tiny_records(16, seed=3), cfg, architecture={arch!r})
 session = TrainingSession(AutoExtractor.from_pretrained({model!r}), cfg, max_steps=plan.max_steps, device="cpu")

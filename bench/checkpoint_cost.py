@@ -42,7 +42,7 @@ from prefect_gliner2.runtime.resources import prune_blobs, prune_checkpoints  # 
 from prefect_gliner2.runtime.rundir import DurableCursor, RunDirectory  # noqa: E402
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec  # noqa: E402
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout  # noqa: E402
-from prefect_gliner2.session_core.tiny import tiny_records  # noqa: E402
+from prefect_gliner2.training.tiny import tiny_records  # noqa: E402
 
 TARGET_MS = 50.0
 PARTS = ("worker save", "cursor", "prune", "event")

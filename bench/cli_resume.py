@@ -145,7 +145,7 @@ def main() -> None:
 
 def measure(arch: str, args: argparse.Namespace) -> dict[str, Any]:
     """One architecture: the reference run, its rewound copy, then `args.repeats` turns of the variants."""
-    from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records
+    from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records
 
     with tempfile.TemporaryDirectory(prefix="cli-resume-", dir=os.environ.get("BENCH_TMP")) as name:
         tmp = Path(name)

@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training.tiny import tiny_records
 
     with tempfile.TemporaryDirectory(prefix="cli-start-", dir=os.environ.get("BENCH_TMP")) as name:
         tmp = Path(name)

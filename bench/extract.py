@@ -41,7 +41,7 @@ FAULT_SITE = ROOT / "tests" / "support" / "faultsite"
 
 
 def _inputs(folder: Path, records: int) -> tuple[str, list[str], list[str]]:
-    from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
+    from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES, tiny_records
 
     texts = [record["input"] for record in tiny_records(records, seed=11)]
     path = folder / "in.jsonl"

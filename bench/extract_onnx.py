@@ -46,8 +46,8 @@ def build_model() -> tuple[str, str]:
     from prefect_gliner2.runtime.model_init import init_model
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.runtime.onnx_publish import export_onnx
-    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.training.tiny import tiny_records
 
     export, onnx = MODEL / "trained", MODEL / "onnx"
     if (onnx / "onnx_export.json").exists():
@@ -70,13 +70,13 @@ def build_model() -> tuple[str, str]:
 def onnx_rows(records: int, repeats: int, threads: int, batch_size: int) -> dict[str, Any]:
     """Torch, ONNX fp32 and ONNX int8 over the same `records` texts: seconds, records/s, ratio and F1; printed."""
     import torch
-    from gliner2.inference.schema import Schema
+    from gliner2 import Schema
 
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.runtime.onnx_extract import OnnxExtractor
     from prefect_gliner2.session_core.scoring import score_records
     from prefect_gliner2.session_core.thresholds import read_thresholds
-    from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
+    from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES, tiny_records
 
     export, onnx = build_model()
     torch.set_num_threads(threads)

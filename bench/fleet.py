@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 
 def _inputs(root: Path) -> dict[str, str]:
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training.tiny import tiny_records
 
     root.mkdir(parents=True, exist_ok=True)
     paths = {}

@@ -100,7 +100,7 @@ torch.set_num_threads({threads})
 from gliner2.training.trainer import ExtractorTrainer, TrainingConfig as NativeConfig
 from prefect_gliner2.runtime.model_sources import load_model
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.engine.setup import configure_sampling
+from prefect_gliner2.training.engine.setup import configure_sampling
 with open({data!r}, encoding="utf-8") as handle:
     records = [json.loads(line) for line in handle]
 config = TrainingConfig.from_dict({config!r})
@@ -185,8 +185,8 @@ def step_seconds(model: str, threads: int, work: Path) -> float:
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.training.tiny import tiny_records
 
     torch.set_num_threads(threads)
     config = TrainingConfig.from_dict({**CONFIG, "output_dir": str(work / "calibrate")})
@@ -203,7 +203,7 @@ def step_seconds(model: str, threads: int, work: Path) -> float:
 
 
 def write_data(path: Path, batches: int) -> str:
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training.tiny import tiny_records
 
     records = tiny_records(batches * CONFIG["batch_size"], seed=1)
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")

@@ -46,7 +46,7 @@ started = time.perf_counter()
 import torch
 torch.set_num_threads({threads})
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, set_hash_threads
-from prefect_gliner2.session_core.prefetch import prefetch_state
+from prefect_gliner2.training.prefetch import prefetch_state
 set_hash_threads({threads})
 if {keep_cache!r}:  # the comparison: the restore before it dropped its checkpoint from the page cache
     from prefect_gliner2.session_core.checkpoint import reader
@@ -59,8 +59,8 @@ def head_start():
 if {restore!r} and {spawned!r}:  # a worker spawned for its run: the read begins before transformers and gliner2 load
     head_start()
 from gliner2.auto import AutoExtractor
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.training.tiny import tiny_records
 imported = time.perf_counter()
 if {restore!r} and not {spawned!r}:  # a spare: its run (and checkpoint) arrives once it has imported everything
     head_start()

@@ -18,7 +18,7 @@ settings take turns, the order rotating, ``--repeat`` groups. Printed per shape,
 ``--thp`` adds a third run to every group, in the same rotation: the worker's setting plus PyTorch's own switch for
 transparent huge pages on its CPU tensors (``THP_MEM_ALLOC_ENABLE=1``: allocations of 2 MiB and more aligned to 2
 MiB and ``madvise(MADV_HUGEPAGE)``; it takes effect where the kernel's THP mode is ``madvise`` or ``always``). A
-worker does not use it (README, "Tried and not kept"); this measures why.
+worker does not use it (docs/benchmarks.md, "Tried and not kept"); this measures why.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ import json, os, resource, statistics, sys, time
 import torch
 torch.set_num_threads({threads})
 from prefect_gliner2.runtime.model_sources import load_model
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-from prefect_gliner2.session_core.state import tensors_digest
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.training.state import tensors_digest
+from prefect_gliner2.training.tiny import tiny_records
 
 config = TrainingConfig.from_dict({{"batch_size": 4, "gradient_accumulation_steps": 1, "num_epochs": 1, "seed": 3,
                                     "fp16": False, "bf16": False, "output_dir": {out!r}}})
@@ -75,7 +75,7 @@ print("BENCH " + json.dumps({{
 def model_source(shape: str, tmp: str) -> str:
     if shape == "768x6":
         return "tiny:span:768x6"
-    from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model
+    from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model
 
     return str(save_tiny_model(Path(tmp) / "base", "span", seed=0, dropout=0.1, **GLINER2_BASE_SIZE))
 

@@ -38,9 +38,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import write_checkpoint  # noqa: E402
-from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
+from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"hidden_size": 32, "num_layers": 1},

@@ -145,7 +145,8 @@ def score(model_dir: str, valid: list[Any], test: list[Any]) -> dict[str, Any]:
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core.evaluation import model_extractor, order_robustness, score_extraction
+    from prefect_gliner2.session_core.evaluation import order_robustness, score_extraction
+    from prefect_gliner2.training.inference import model_extractor
 
     torch.set_num_threads(THREADS)
     model = load_model(model_dir)

@@ -80,11 +80,11 @@ from fresh_process import first_touch, uncache, worker_start  # noqa: E402  (ben
 from overlap import bench_config, checkpoint_overlap  # noqa: E402  (bench/overlap.py, beside this script)
 from realsize_tables import print_all, print_load, print_resume  # noqa: E402  (bench/realsize_tables.py, beside this script)
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import digest as checkpoint_digest  # noqa: E402
 from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint  # noqa: E402
 from prefect_gliner2.session_core.checkpoint.format import BLAKE3  # noqa: E402
-from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
+from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -136,8 +136,8 @@ def step_ratio(session: TrainingSession, plan: ManagedTrainingPlan, steps: int, 
     hooks = engine.optimizer._optimizer_step_pre_hooks  # the session's non-finite guard: detached for native steps
 
     def native(i: int) -> None:
-        from prefect_gliner2.session_core.engine import private_python_rng
         from prefect_gliner2.session_core.pairs import to_pairs
+        from prefect_gliner2.training.engine import private_python_rng
 
         saved = dict(hooks)
         hooks.clear()

@@ -33,7 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 from prefect_gliner2.session_core import layout  # noqa: E402
-from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
+from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 #: The flow child, with its peak RSS and whether it imported torch reported on exit (stderr, one JSON line).
 _WRAPPER = """

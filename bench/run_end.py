@@ -16,7 +16,7 @@ Prefect server started once, before any clock. Printed per run, in seconds:
 
 Then, in this process: the BLAKE3 pass that decides the link (``payload_entry`` over the model's weights, nothing
 written), and ``SessionWorker.close()`` of a worker that trained two batches (the worker's exit after "close").
-Median (min-max) over ``--runs``. Scratch timings of the same parts are in the README's "How to read it".
+Median (min-max) over ``--runs``. Scratch timings of the same parts are in docs/benchmarks.md's "How to read it".
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def hash_pass(model: str) -> float:
     write them, hashed, nothing written (median of 3)."""
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.session_core.checkpoint.writer import payload_entry
-    from prefect_gliner2.session_core.state import write_tensors
+    from prefect_gliner2.training.state import write_tensors
 
     tensors = {name: tensor.contiguous() for name, tensor in load_model(model).state_dict().items()}
     times = []

@@ -31,8 +31,8 @@ import torch  # noqa: E402
 from gliner2.training.trainer import ExtractorTrainer  # noqa: E402
 from gliner2.training.trainer import TrainingConfig as NativeConfig  # noqa: E402
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
-from prefect_gliner2.session_core.tiny import BENCH_MODEL_SIZE, build_tiny_model, tiny_records  # noqa: E402
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
+from prefect_gliner2.training.tiny import BENCH_MODEL_SIZE, build_tiny_model, tiny_records  # noqa: E402
 
 DEVICE = "cpu"
 SIZES = {"tiny": {"hidden_size": 32, "num_layers": 1}, "bench": dict(BENCH_MODEL_SIZE)}

@@ -35,10 +35,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch  # noqa: E402
 from overlap import bench_config  # noqa: E402  (bench/overlap.py, beside this script)
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingSession  # noqa: E402
-from prefect_gliner2.session_core.engine import private_python_rng  # noqa: E402
 from prefect_gliner2.session_core.pairs import to_pairs  # noqa: E402
-from prefect_gliner2.session_core.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingSession  # noqa: E402
+from prefect_gliner2.training.engine import private_python_rng  # noqa: E402
+from prefect_gliner2.training.tiny import GLINER2_BASE_SIZE, save_tiny_model, tiny_records  # noqa: E402
 
 SHAPES = {
     "tiny": {"hidden_size": 32, "num_layers": 1},

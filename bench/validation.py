@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
 from prefect_gliner2.session_core.evaluation import evaluate_session  # noqa: E402
 from prefect_gliner2.session_core.pairs import to_pairs  # noqa: E402
-from prefect_gliner2.session_core.tiny import BENCH_MODEL_SIZE, build_tiny_model, tiny_records  # noqa: E402
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession  # noqa: E402
+from prefect_gliner2.training.tiny import BENCH_MODEL_SIZE, build_tiny_model, tiny_records  # noqa: E402
 
 SIZES = {"tiny": {"hidden_size": 32, "num_layers": 1}, "bench": dict(BENCH_MODEL_SIZE)}
 

@@ -1,4 +1,4 @@
-"""Remake the README's MLflow screenshots from a real run: a short run on the demo's data, logged to a throwaway
+"""Remake the docs' MLflow screenshots from a real run: a short run on the demo's data, logged to a throwaway
 ``mlflow server`` (SQLite, on loopback), its MLflow run page in headless Chromium.
 
     .venv/bin/python docs/mlflow_screenshot.py [--epochs 4] [--out docs]

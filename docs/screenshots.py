@@ -1,4 +1,4 @@
-"""Remake the README's UI screenshots from a real run: the demo on a loopback `prefect server start`, headless Chromium.
+"""Remake the docs' UI screenshots from a real run: the demo on a loopback `prefect server start`, headless Chromium.
 
     .venv/bin/python docs/screenshots.py [--port 4399] [--out docs]
 

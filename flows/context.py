@@ -1,79 +1,22 @@
 """What the run lifecycle asks the orchestrator, answered from Prefect: this flow run's id, whether a retry follows
-a failure, whether a lease holder's flow run is gone, and the ``RunHooks`` that carry those answers to ``runtime.run``;
-and ``interrupts_surface()``, which keeps a Ctrl-C or SIGTERM an interrupt when Prefect's own handling of it fails.
+a failure, whether a lease holder's flow run is gone, and the ``RunHooks`` that carry those answers to ``runtime.run``
+(the run-context rules they rely on, and ``interrupts_surface``, are in ``flows/prefect_compat.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.context import FlowRunContext
-from prefect.exceptions import TerminationSignal
 
 from prefect_gliner2.flows.events import emit_failed
-from prefect_gliner2.runtime.errors import exception_chain
+from prefect_gliner2.flows.prefect_compat import flow_run_id, interrupts_surface, retry_follows
 from prefect_gliner2.runtime.run import RunHooks
 from prefect_gliner2.runtime.rundir import RunDirectory
 
-__all__ = [
-    "FINAL_STATES",
-    "flow_run_id",
-    "holder_flow_run_gone",
-    "interrupt_behind",
-    "interrupts_surface",
-    "retry_follows",
-    "run_hooks",
-]
+__all__ = ["FINAL_STATES", "holder_flow_run_gone", "interrupts_surface", "run_hooks"]
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
-
-
-def flow_run_id() -> str | None:
-    """The id of the flow run this code runs in, None outside one."""
-    context = FlowRunContext.get()
-    return str(context.flow_run.id) if context is not None and context.flow_run is not None else None
-
-
-def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | TerminationSignal | None:
-    """The Ctrl-C (``KeyboardInterrupt``) or SIGTERM (Prefect's ``TerminationSignal``) that `exc` is, or was raised
-    from or while handling, else None."""
-    for linked in exception_chain(exc):
-        if isinstance(linked, (KeyboardInterrupt, TerminationSignal)):
-            return linked
-    return None
-
-
-@contextlib.contextmanager
-def interrupts_surface() -> Iterator[None]:
-    """Around a flow's body: an exception raised while Prefect handled a Ctrl-C or SIGTERM is raised as that
-    interrupt again, so the flow run ends CRASHED (and the console script exits with 130 / 143), not FAILED.
-
-    Why: Prefect 3.9's task engine records a ``TerminationSignal`` that arrives while it creates a task run as a
-    crash of that task run, which does not exist yet; its crash handler then raises ``ValueError("Task run is not
-    set")`` in place of the signal (seen in CI: a SIGTERM during a checkpoint task's creation ended the flow run
-    FAILED and the command with 1).
-    """
-    try:
-        yield
-    except Exception as exc:
-        found = interrupt_behind(exc)
-        if isinstance(found, TerminationSignal):
-            raise TerminationSignal(found.signal) from exc
-        if isinstance(found, KeyboardInterrupt):
-            raise KeyboardInterrupt from exc
-        raise
-
-
-def retry_follows() -> bool:
-    """Whether Prefect will retry this flow run after this attempt fails (flow retries left)."""
-    context = FlowRunContext.get()
-    if context is None or context.flow_run is None:
-        return False
-    retries = context.flow_run.empirical_policy.retries or 0
-    return context.flow_run.run_count <= retries
 
 
 def holder_flow_run_gone(claim: dict[str, Any]) -> str | None:

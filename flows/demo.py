@@ -40,7 +40,7 @@ _SEEDS = {"train": 1, "valid": 2, "test": 3}
 
 def write_demo_inputs(directory: str) -> dict[str, str]:
     """Generate the demo dataset and config (deterministic); returns their paths."""
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training.tiny import tiny_records
 
     data = os.path.join(directory, "data")
     os.makedirs(data, exist_ok=True)
@@ -86,7 +86,7 @@ def run_demo(directory: str = "prefect-gliner2-demo") -> dict[str, Any]:
             f"prefect-gliner2?): delete that directory to start the demo over, or pass another --dir. ({exc})"
         ) from exc
     from prefect_gliner2.session_core.thresholds import read_thresholds
-    from prefect_gliner2.session_core.weights import load_exported_model
+    from prefect_gliner2.training.weights import load_exported_model
 
     export = str(summary["export"])
     fitted = read_thresholds(export)  # fitted on the validation records at export; the demo extracts with them
@@ -98,10 +98,11 @@ def _score(model: Any, test_data: str, config: Any, *, examples: int = 0, fitted
     """Held-out scores of `model` with gliner2's batched inference at its `fitted` thresholds (else the config's
     eval_threshold), each record's labels asked in a seeded random order (as a user's code asks them), the F1
     spread over DEMO_ORDERS orders, and the first `examples` extractions."""
-    from prefect_gliner2.session_core.evaluation import model_extractor, order_robustness
+    from prefect_gliner2.session_core.evaluation import order_robustness
     from prefect_gliner2.session_core.pairs import to_pairs
     from prefect_gliner2.session_core.records import load_records
     from prefect_gliner2.session_core.thresholds import fixed
+    from prefect_gliner2.training.inference import model_extractor
 
     pairs = to_pairs(load_records(test_data, what="held-out").examples())
     thresholds = fitted if fitted is not None else fixed(config.eval_threshold)

@@ -1,5 +1,5 @@
 """Emitting the run's Prefect events from the flows; their names, resources and payloads are in runtime/events.py
-(and the README's "Events" table)."""
+(and the "Events" table of docs/what-you-see.md)."""
 
 from __future__ import annotations
 

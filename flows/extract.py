@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from prefect_gliner2.flows.context import interrupts_surface
+from prefect_gliner2.flows.prefect_compat import interrupts_surface
 from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job
 from prefect_gliner2.tasks.extract import commit_extraction, extract_chunk
 
@@ -32,6 +32,7 @@ def extract_flow(
     records_per_task: Annotated[int, Field(ge=1)] = 256,
     chunk_size: Annotated[int, Field(ge=1)] = 384,
     chunk_overlap: Annotated[int, Field(ge=0)] = 64,
+    output_format: Literal["jsonl", "label-studio", "spacy", "conll", "doccano", "spacy-jsonl"] = "jsonl",
     runtime: Literal["torch", "onnx"] = "torch",
     precision: Literal["fp32", "fp16", "int8"] | None = None,
 ) -> dict[str, Any]:
@@ -49,6 +50,8 @@ def extract_flow(
         records_per_task: Records per chunk task (the unit of caching and resumption).
         chunk_size: Texts longer than this many words are split into overlapping windows (gliner2's chunking).
         chunk_overlap: Words shared by adjacent windows.
+        output_format: jsonl, or an annotation format to review the predictions in: label-studio (pre-annotations
+            with scores and the model version), spacy (DocBin), conll, doccano or spacy-jsonl.
         runtime: "torch" (gliner2 on the torch model) or "onnx" (the version's ONNX export, through gliner2-onnx;
             its lineage names it: ``prefect-gliner2 export --format onnx`` or the training flow's ONNX step).
         precision: The ONNX export's precision (default: its first of fp32, int8, fp16); only with runtime "onnx".
@@ -63,6 +66,7 @@ def extract_flow(
             records_per_chunk=records_per_task,
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
+            output_format=output_format,
             runtime=runtime,
             precision=precision,
         )

@@ -16,7 +16,7 @@ without validation).
 The training flow's other settings are grouped the same way, one section of the form each: ``CheckpointSettings``
 (when checkpoints are taken, how many are kept, how they are written), ``ExecutionSettings`` (how the plan's batches
 become Prefect tasks, and where the worker trains) and ``LeaseSettings`` (the run key's lease). None of them changes
-the numbers a run trains to.
+the numbers a run trains to. The data files' format and its settings are ``flows.data_params.DataSettings``.
 """
 
 from __future__ import annotations

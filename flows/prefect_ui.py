@@ -4,9 +4,8 @@ updated in place, and the running flow run's position message.
 A lane is one background thread with its own API client (the flow's closes when the flow ends, and a lane may still
 be finishing its last jobs then) that names the flow run explicitly; it starts from an empty context plus a copy of
 the flow's Prefect settings (which API to talk to), so no Prefect context variable is reset or overwritten. All
-calls here are public client methods; the one server rule they rely on beyond their documented effect (the
-``resuming`` mark, see ``set_running_message``) is guarded by tests/test_prefect_rules.py and by the ``prefect``
-range in pyproject.toml (README: "Prefect internals we touch").
+calls here are public client methods; what they rely on beyond their documented effect (the settings copy, the
+busy-answer hook) is in ``flows/prefect_compat.py`` with the tests that pin it.
 
 Busy servers: on SQLite, a write that reads first (the labels PATCH reads the run, then updates it) fails at once
 when another write commits in between, and the server answers 503. Prefect's client then waits 2, 4, 8 ... s
@@ -21,7 +20,6 @@ done or out of time.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
@@ -32,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+from prefect_gliner2.flows.prefect_compat import BUSY_STATUS, busy_client, thread_settings
 from prefect_gliner2.flows.report_text import artifact_key, finite_or_none
 
 __all__ = [
@@ -39,11 +38,8 @@ __all__ = [
     "BusyRetrying",
     "Job",
     "Lane",
-    "flow_run_name",
-    "propose_running_message",
     "retry_busy",
     "run_logger",
-    "set_running_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,22 +47,6 @@ Job = Callable[[Any], Any]  # called with the lane's SyncPrefectClient
 ARTIFACT_TYPES = {"progress": "progress", "validation": "table"}  # anything else is markdown
 #: Pauses between attempts of a call the server refused as busy (see the module docstring), the last one repeated.
 BUSY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.5)
-#: Answers that mean "busy, try again": 503 (SQLite locked), 429 (rate limited).
-BUSY_STATUS = (429, 503)
-
-
-def _raise_busy(response: Any) -> None:
-    """A lane's response hook: a busy answer (``BUSY_STATUS``) raises httpx's HTTPStatusError at once, so that
-    Prefect's client does not sleep its own back-off first (see the module docstring); ``retry_busy`` retries it."""
-    if response.status_code in BUSY_STATUS:
-        import httpx
-
-        request = response.request
-        raise httpx.HTTPStatusError(
-            f"{request.method} {request.url.path}: {response.status_code} (server busy)",
-            request=request,
-            response=response,
-        )
 
 
 class Lane:
@@ -75,13 +55,11 @@ class Lane:
     ``BusyRetrying`` client that tries each call for at most that long."""
 
     def __init__(self, name: str, run_key: str, *, own_retries: float | None = None) -> None:
-        from prefect.context import get_settings_context
-
         self.run_key = run_key
         self.own_retries = own_retries
         self.abandoned = False
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.settings = get_settings_context().model_copy()  # entered in the thread's own, empty context
+        self.settings = thread_settings()  # entered in the thread's own, empty context
         self.thread: threading.Thread | None = threading.Thread(
             target=contextvars.Context().run, args=(self._serve,), name=name, daemon=True
         )
@@ -103,15 +81,7 @@ class Lane:
         return done
 
     def _serve(self) -> None:
-        from prefect.client.orchestration import get_client
-        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self.settings)
-            if self.own_retries is not None:
-                stack.enter_context(temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}))
-            hooks = {"event_hooks": {"response": [_raise_busy]}} if self.own_retries is not None else None
-            client = stack.enter_context(get_client(httpx_settings=hooks, sync_client=True))
+        with self.settings, busy_client(own_retries=self.own_retries is not None) as client:
             self._run_jobs(client if self.own_retries is None else BusyRetrying(client, self.own_retries))
 
     def _run_jobs(self, client: Any) -> None:
@@ -199,49 +169,6 @@ def _latest_artifact_id(client: Any, key: str) -> Any:
         artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
     )
     return found[0].id if found else None
-
-
-def set_running_message(client: Any, flow_run_id: UUID, message: str) -> bool:
-    """Show `message` as the running flow run's state message, without counting a new attempt; True when shown.
-
-    A state message can only change with a new state, and every Running state the server accepts increments the
-    run's ``run_count`` (which would use up the flow's retries) unless the run's policy is marked ``resuming``
-    (Prefect's mechanism for continuing a paused run: the server then clears the mark in the same transition).
-    So: only while the run is Running, mark it resuming and propose Running with the message. The read-then-propose
-    window is milliseconds; a cancellation landing in it is refused the Running state (see
-    ``propose_running_message``)."""
-    from prefect.client.schemas.objects import StateType
-
-    flow_run = client.read_flow_run(flow_run_id)
-    state = flow_run.state
-    if state is None or state.type != StateType.RUNNING or state.message == message:
-        return False
-    return propose_running_message(client, flow_run_id, flow_run.empirical_policy, message)
-
-
-def propose_running_message(client: Any, flow_run_id: UUID, policy: Any, message: str) -> bool:
-    """Mark the run resuming (its `policy` otherwise as read) and propose Running with `message`; when the server
-    refuses (a Cancelling run may only become Cancelled) or the call fails, take the mark back. True when accepted."""
-    from prefect.client.schemas.responses import SetStateStatus
-    from prefect.states import Running
-
-    client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"resuming": True}))
-    accepted = False
-    try:
-        accepted = client.set_flow_run_state(flow_run_id, Running(message=message)).status == SetStateStatus.ACCEPT
-    finally:
-        if not accepted:  # an accepted Running state cleared the mark on the server
-            client.update_flow_run(flow_run_id, empirical_policy=policy.model_copy(update={"resuming": False}))
-    return accepted
-
-
-def flow_run_name() -> tuple[str | None, dict[str, Any]]:
-    """The current flow run's name and labels (None and {} outside a flow run)."""
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    flow_run = context.flow_run if context is not None else None
-    return (flow_run.name, dict(flow_run.labels or {})) if flow_run is not None else (None, {})
 
 
 def run_logger() -> Any:

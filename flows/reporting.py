@@ -20,13 +20,12 @@ from typing import Any
 from uuid import UUID
 
 from prefect_gliner2.flows.curves import Curves, curves_markdown
+from prefect_gliner2.flows.prefect_compat import flow_run_name, set_running_message
 from prefect_gliner2.flows.prefect_ui import (
     ArtifactSlots,
     Job,
     Lane,
-    flow_run_name,
     run_logger,
-    set_running_message,
 )
 from prefect_gliner2.flows.report_text import (
     NAME_LABEL,

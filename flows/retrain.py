@@ -33,8 +33,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed, State
 
-from prefect_gliner2.flows.context import flow_run_id, interrupts_surface
 from prefect_gliner2.flows.params import CheckpointSettings, ExecutionSettings, TrainingSettings
+from prefect_gliner2.flows.prefect_compat import flow_run_id, interrupts_surface
 from prefect_gliner2.flows.promotion_settings import DEFAULT_PROMOTION, PromotionSettings
 from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.flows.retrain_report import emit_decision, label_run, report_decision

@@ -8,14 +8,15 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from prefect_gliner2.flows.context import flow_run_id
 from prefect_gliner2.flows.events import emit_model_event
+from prefect_gliner2.flows.prefect_compat import flow_run_id
 from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT
 from prefect_gliner2.runtime.events import MODEL_PROMOTED, MODEL_REJECTED
 from prefect_gliner2.session_core.metrics import EVAL_KEYS
 from prefect_gliner2.session_core.promotion import PromotionDecision
+from prefect_gliner2.session_core.promotion_report import decision_markdown
 
 __all__ = ["emit_decision", "label_run", "report_decision"]
 
@@ -83,7 +84,7 @@ def report_decision(outcome: dict[str, Any]) -> None:
         key=artifact_key(f"model-{name}", "retrain"),
         markdown=(
             f"# Retraining {name}: candidate {outcome['version']} against current {outcome['previous']}\n\n"
-            f"{decision.to_markdown()}\n"
+            f"{decision_markdown(decision)}\n"
             f"Current version now: **{outcome['current']}**. Run key `{outcome['run_key']}`, dataset "
             f"`{outcome['data_fingerprint'][:16]}`.\n"
         ),

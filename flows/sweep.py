@@ -39,20 +39,24 @@ from uuid import UUID
 from prefect import flow, get_run_logger
 from pydantic import Field, ValidationError
 
-from prefect_gliner2.flows.context import interrupts_surface
 from prefect_gliner2.flows.params import TrainingSettings
+from prefect_gliner2.flows.prefect_compat import interrupts_surface, retry_in_place
 from prefect_gliner2.flows.prefect_ui import run_logger
 from prefect_gliner2.flows.report_text import artifact_key
 from prefect_gliner2.runtime.prepare import default_storage
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import TrainingConfig
-from prefect_gliner2.session_core.errors import ConfigError, SweepIncompleteError
+from prefect_gliner2.session_core.errors import ConfigError, TransientError
 
 __all__ = ["SweepIncompleteError", "leaderboard_rows", "retry_point", "sweep_flow", "sweep_outcome", "sweep_points"]
 
 TRAIN_DEPLOYMENT = "gliner2-train/train"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 PER_POINT = frozenset({"run_key", "export_to"})  # train_flow parameters the sweep sets per point
+
+
+class SweepIncompleteError(TransientError):
+    """Some points of a sweep did not complete (transient: retrying the sweep retries them)."""
 
 
 def sweep_points(
@@ -210,20 +214,13 @@ def _retry_crashed(runs: Mapping[str, Any], retried: dict[str, int], limit: int)
 
 
 def retry_point(flow_run_id: UUID) -> bool:
-    """Retry a crashed or failed point's flow run in place, as the Prefect UI's Retry button does: propose an
-    AwaitingRetry state, orchestrated (the server refuses a run without a deployment and clears the run's pause and
-    resume marks); a worker then runs the same flow run again. True when the server accepted it."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.responses import SetStateStatus
-    from prefect.states import AwaitingRetry
-
-    with get_client(sync_client=True) as client:
-        result: Any = client.set_flow_run_state(flow_run_id, AwaitingRetry(message="retried by its sweep"))
-    if result.status != SetStateStatus.ACCEPT:
-        reason = getattr(result.details, "reason", None)
-        run_logger().warning("Prefect refused to retry flow run %s (%s): %s", flow_run_id, result.status, reason)
-        return False
-    return True
+    """Retry a crashed or failed point's flow run in place, as the Prefect UI's Retry button does
+    (``prefect_compat.retry_in_place``); a worker then runs the same flow run again. True when the server accepted
+    it."""
+    accepted, reason = retry_in_place(flow_run_id, "retried by its sweep")
+    if not accepted:
+        run_logger().warning("Prefect refused to retry flow run %s (%s)", flow_run_id, reason)
+    return accepted
 
 
 def _refresh(run: Any) -> Any:

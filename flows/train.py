@@ -22,11 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-from prefect import flow, get_run_logger
-from prefect.context import FlowRunContext
-from prefect.states import Completed
+from prefect import get_run_logger
 
-from prefect_gliner2.flows.context import interrupts_surface, run_hooks
+from prefect_gliner2.flows.context import run_hooks
+from prefect_gliner2.flows.data_params import DataSettings
 from prefect_gliner2.flows.driver import DriveResult, drive
 from prefect_gliner2.flows.events import emit_run_event, emit_start
 from prefect_gliner2.flows.params import (
@@ -36,7 +35,9 @@ from prefect_gliner2.flows.params import (
     TrainingSettings,
     check_runnable,
 )
+from prefect_gliner2.flows.prefect_compat import completed_state, interrupts_surface
 from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
+from prefect_gliner2.flows.spare_first import spare_first_flow
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.onnx_step import check_onnx_step, eval_examples
@@ -55,6 +56,7 @@ TrainingConfigModel = TrainingSettings  # the earlier name of the config paramet
 DEFAULT_CHECKPOINTING = CheckpointSettings()
 DEFAULT_EXECUTION = ExecutionSettings()
 DEFAULT_LEASE = LeaseSettings()
+DEFAULT_DATA = DataSettings()
 
 
 def run_options(
@@ -81,7 +83,7 @@ def _close_workers(flow: Any, flow_run: Any, state: Any) -> None:
     live_runs.close_for_flow_run(str(flow_run.id))
 
 
-@flow(
+@spare_first_flow(  # a call starts the worker process before Prefect creates the flow run
     name="gliner2-train",
     persist_result=False,
     on_failure=[_close_workers],
@@ -100,14 +102,15 @@ def train_flow(
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
     lease: LeaseSettings = DEFAULT_LEASE,
+    data_format: DataSettings = DEFAULT_DATA,
     onnx: list[Literal["fp32", "fp16", "int8"]] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
     Args:
         model: A local model directory, a Hugging Face model id, or a built-in tiny:span / tiny:boundary.
-        train_data: JSONL path(s) or fsspec URL(s) of training records; empty to resume an existing run key.
-        valid_data: JSONL path(s) or URL(s) of validation records (enables validation and best-model selection).
+        train_data: Path(s) or fsspec URL(s) of training data (any data_format); empty to resume an existing run key.
+        valid_data: Path(s) or URL(s) of validation data (enables validation and best-model selection).
         config: Training settings of a new run (empty to resume with the recorded ones); precision defaults to fp32.
         run_key: Names the run directory; the same key resumes. Default: derived from the manifest's content.
         storage: fsspec URL or local directory holding run directories (default: $PREFECT_GLINER2_STORAGE, else
@@ -120,13 +123,19 @@ def train_flow(
         checkpointing: When checkpoints are taken, how many are kept and whether they are written in the background.
         execution: Batches per task, operations sent ahead, the device and the worker's CPU threads.
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
+        data_format: The format of train_data and valid_data (auto: detected from each file: CoNLL/BIO, spaCy,
+            Label Studio, doccano or gliner2's records) and that format's settings.
         onnx: Also export the model to ONNX for these precisions (fp32, fp16, int8) into the export's onnx/ folder,
             behind the parity gate on the validation records (span models, entity tasks; checked before training;
             needs the onnx extra). The summary's ``onnx`` holds each precision's figures.
     """
     config_given = config.to_training_config() if config else None
     with interrupts_surface(), spare_worker():
-        prepared = prepare_run(model, train_data, valid_data, config_given, run_key, storage)
+        train, read = data_format.source(train_data, "training")
+        valid, valid_read = data_format.source(valid_data, "validation")
+        for line in read + valid_read:
+            get_run_logger().info("data %s", line)
+        prepared = prepare_run(model, train, valid, config_given, run_key, storage)  # or the CLI's (handed over)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         if onnx:
             examples = eval_examples(prepared.manifest, prepared.run_dir.manifest_uri)
@@ -137,10 +146,12 @@ def train_flow(
             if run.done is not None:
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"
-                return _completed_state(message, _with_onnx(run.completed_summary(), run, onnx))
+                return cast(dict[str, Any], completed_state(message, _with_onnx(run.completed_summary(), run, onnx)))
             summary, where = _train(run, checkpointing, execution)
             summary = _with_onnx(summary, run, onnx)
-            return _completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+            return cast(
+                dict[str, Any], completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
+            )
 
 
 def _with_onnx(summary: dict[str, Any], run: OpenRun, onnx: Sequence[str] | None) -> dict[str, Any]:
@@ -214,16 +225,3 @@ def _announce_completed(run: OpenRun, summary: dict[str, Any], final: Any) -> No
     checkpoint = run.run_dir.checkpoint_uri(final.checkpoint) if final is not None else None
     payload = {k: summary.get(k) for k in keys} | {"checkpoint": checkpoint}
     emit_run_event(RUN_COMPLETED, run.run_key, run.hooks.flow_run_id, payload)
-
-
-def _completed_state(message: str, summary: dict[str, Any]) -> dict[str, Any]:
-    """The flow run ends in a Completed state whose message is the final position; callers receive `summary`.
-
-    Only on a run's first attempt: after an attempt failed in this process, Prefect 3.9's engine answers a
-    returned State with that attempt's exception (``FlowRunEngine.result`` checks ``_raised`` first), so a retried
-    attempt returns the summary itself and its state message stays Prefect's default.
-    """
-    context = FlowRunContext.get()
-    if context is None or context.flow_run is None or context.flow_run.run_count > 1:
-        return summary
-    return cast(dict[str, Any], Completed(message=message, data=summary))

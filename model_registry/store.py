@@ -27,7 +27,7 @@ import fsspec
 
 from prefect_gliner2.model_registry.mlflow_sync import mirror_promotion
 from prefect_gliner2.session_core import storage
-from prefect_gliner2.session_core.errors import RegistryError
+from prefect_gliner2.session_core.errors import SessionCoreError
 from prefect_gliner2.session_core.layout import (
     MODEL_CONFIG_FILE,
     ONNX_DIR,
@@ -43,6 +43,10 @@ __all__ = ["ModelRegistry", "ModelVersion", "RegistryError"]
 
 _VERSION = re.compile(r"^v(\d{6})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RegistryError(SessionCoreError, ValueError):
+    """A registry name, version or pointer is invalid or missing."""
 
 
 @dataclass(frozen=True)

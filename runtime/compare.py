@@ -3,7 +3,7 @@
     scores = score_exports_here({"current": "registry/ner/versions/v000002", "candidate": "runs/x/export"},
                                 {"test_data": "test.jsonl", "guard_data": "guard.jsonl"})
     decision = decide_from_scores(scores, PromotionRule(), test="test_data", guard="guard_data")
-    decision.promote, decision.to_text()
+    decision.promote, decision_text(decision)
 
 The conditions are the same for every model: every record's labels asked in the same seeded random order (the
 record's position and ``seed``, trial 0: what validation does, ``evaluation.score_extraction``), each model with its
@@ -118,7 +118,7 @@ def score_exports_here(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Score export or registry directories (or a model source: ``tiny:span``, a Hugging Face id) loaded as they
     are, with gliner2's batched inference, in this process (imports torch)."""
-    from prefect_gliner2.session_core.evaluation import model_extractor
+    from prefect_gliner2.training.inference import model_extractor
 
     @contextmanager
     def opener(role: str, source: str) -> Iterator[tuple[Raw, dict[str, Any]]]:
@@ -138,7 +138,7 @@ def score_exports_here(
 
 def _load_export(source: str) -> Any:
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core.weights import load_exported_model
+    from prefect_gliner2.training.weights import load_exported_model
 
     directory = os.path.expanduser(source)
     if "://" in source or os.path.isdir(directory):
@@ -161,7 +161,7 @@ def score_sessions_here(
 
     from prefect_gliner2.runtime.model_sources import load_model
     from prefect_gliner2.runtime.worker_setup import init_weights_dir
-    from prefect_gliner2.session_core import TrainingConfig, TrainingSession
+    from prefect_gliner2.training import TrainingConfig, TrainingSession
 
     torch.set_num_threads(int(cpu_threads))
     settings = TrainingConfig.from_dict(dict(config))

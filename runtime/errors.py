@@ -1,8 +1,8 @@
 """The retry rule: whether a failure is worth retrying, and the error a full or read-only storage becomes.
 
-The exception classes live in ``prefect_gliner2.session_core.errors`` (one tree, drawn there); the ones the Prefect
-layer raises (WorkerDied, WorkerError, LeaseUnreadableError, RunKeyError, RunConflictError, RunLockedError,
-StorageFullError) are re-exported here, beside the rule that classifies them.
+The run-level errors are defined here, in the layer that raises them (WorkerDied, WorkerError, LeaseUnreadableError,
+RunKeyError, RunConflictError, RunLockedError, StorageFullError), beside the rule that classifies them; they derive
+from the bases in ``prefect_gliner2.session_core.errors``, whose docstring draws the one tree.
 
 A retry helps only when the failure is transient: ``is_transient`` is False for every SessionCoreError (bad data,
 non-finite loss, config/plan/checkpoint mismatch, a locked run key) and for a write that failed because the storage
@@ -16,16 +16,7 @@ import errno
 from collections.abc import Iterator
 from typing import Any
 
-from prefect_gliner2.session_core.errors import (
-    LeaseUnreadableError,
-    RunConflictError,
-    RunKeyError,
-    RunLockedError,
-    SessionCoreError,
-    StorageFullError,
-    WorkerDied,
-    WorkerError,
-)
+from prefect_gliner2.session_core.errors import ConfigError, PlanMismatchError, SessionCoreError, TransientError
 
 __all__ = [
     "exception_chain",
@@ -40,6 +31,52 @@ __all__ = [
     "permanent_storage_errno",
     "retry_if_transient",
 ]
+
+
+class RunKeyError(ConfigError):
+    """A run key that cannot name a run directory safely."""
+
+
+class RunConflictError(PlanMismatchError):
+    """The run key already holds a run with a different manifest or different run settings."""
+
+
+class RunLockedError(SessionCoreError, RuntimeError):
+    """Another live flow run holds the lease on this run key."""
+
+
+class StorageFullError(SessionCoreError, OSError):
+    """A write failed because the storage is full, past a file-size or quota limit, or read-only: not retried."""
+
+    def __init__(self, code: int, message: str) -> None:
+        OSError.__init__(self, code, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.errno, self.message), dict(self.__dict__))
+
+
+class WorkerDied(TransientError):
+    """The session worker process died; a retry starts a fresh one from the newest committed checkpoint."""
+
+
+class WorkerError(TransientError):
+    """An unexpected exception inside the worker (not one of ours); the worker was discarded."""
+
+    def __init__(self, message: str, remote_traceback: str = "", remote_type: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+        self.remote_type = remote_type  # the exception's type in the worker, e.g. "RuntimeError"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.remote_traceback, self.remote_type), dict(self.__dict__))
+
+
+class LeaseUnreadableError(TransientError):
+    """The run key's lease record could not be read or listed: the key is not treated as free."""
 
 
 #: errnos of a write that cannot succeed until someone frees space, raises a limit or remounts the storage.

@@ -12,8 +12,10 @@ the ``gliner2-extract`` flow.
 A chunk whose record exists is never computed again, so a kill at any moment followed by the same command loses
 no line and writes none twice; the output is published only when every chunk is done. An output line is
 ``{"line": N, "id": ..., "extraction": {...}}`` (``id`` when the record has one; ``"chunks": k`` when its text
-was split into k windows). A job with other inputs or settings than the unfinished one in the work directory is
-refused (rerun with the same arguments, or delete the work directory).
+was split into k windows); with an annotation ``output_format`` (Label Studio, spaCy, CoNLL...) the parts also carry
+each text and the output is written in that format from them (``extract_formats``). A job with other inputs or
+settings than the unfinished one in the work directory is refused (rerun with the same arguments, or delete the work
+directory).
 
 ``runtime="onnx"`` extracts with a model's ONNX export instead (``runtime/onnx_extract.py``: the gliner2-onnx
 runtime, one of the precisions whose parity gate passed), into the same lines; every record's schema is checked
@@ -32,6 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from prefect_gliner2.runtime import faults
+from prefect_gliner2.runtime.extract_formats import check_output_format, write_output
 from prefect_gliner2.runtime.extract_input import InputPlan, check_labels, read_chunk, scan_input
 from prefect_gliner2.runtime.extract_model import Extractor, ModelRef, loaded_extractor, resolve_model
 from prefect_gliner2.session_core.errors import ConfigError
@@ -59,8 +62,9 @@ WORK_SUFFIX = ".extract"
 class ExtractSettings:
     """How to extract: labels for records without their own, an explicit threshold (None: the model's), texts per
     inference batch, records per chunk (the unit of resumption), gliner2's word window and overlap for long texts,
-    the runtime (``torch``: gliner2 on the torch model; ``onnx``: the model's ONNX export) and, for ONNX, the
-    precision (None: the export's first of fp32, int8, fp16; a job records the one it chose)."""
+    the output's format (``jsonl``, or an annotation format: ``runtime.extract_formats``), the runtime (``torch``:
+    gliner2 on the torch model; ``onnx``: the model's ONNX export) and, for ONNX, the precision (None: the export's
+    first of fp32, int8, fp16; a job records the one it chose)."""
 
     labels: list[str] | None = None
     threshold: float | None = None
@@ -68,10 +72,12 @@ class ExtractSettings:
     records_per_chunk: int = 256
     chunk_size: int = 384
     chunk_overlap: int = 64
+    output_format: str = "jsonl"
     runtime: str = RUNTIME_TORCH
     precision: str | None = None
 
     def __post_init__(self) -> None:
+        check_output_format(self.output_format)
         if self.runtime not in RUNTIMES:
             raise ConfigError(f"runtime must be one of {list(RUNTIMES)}, got {self.runtime!r}")
         if self.precision is not None and self.runtime != RUNTIME_ONNX:
@@ -165,6 +171,7 @@ class ExtractJob:
                 per_label=self.thresholds,
                 chunk_size=self.settings.chunk_size,
                 chunk_overlap=self.settings.chunk_overlap,
+                spans=self.settings.output_format != "jsonl",
             )
         return loaded_extractor(
             self.model,
@@ -173,7 +180,13 @@ class ExtractJob:
             batch_size=self.settings.batch_size,
             chunk_size=self.settings.chunk_size,
             chunk_overlap=self.settings.chunk_overlap,
+            spans=self.settings.output_format != "jsonl",
         )
+
+
+def model_version(ref: ModelRef) -> str:
+    """How Label Studio names the model whose predictions these are: the reference, with its registry version."""
+    return f"{ref.source}@{ref.version}" if ref.version and "@" not in ref.source else ref.source
 
 
 def work_dir(out: str) -> str:
@@ -300,6 +313,8 @@ def run_chunk(job: ExtractJob, index: int) -> dict[str, Any]:
         if record.id is not None:
             line["id"] = record.id
         line["extraction"] = result
+        if job.settings.output_format != "jsonl":
+            line["text"] = record.text  # the format writer needs it (runtime.extract_formats)
         if count > 1:
             line["chunks"] = count
         lines.append(json.dumps(line, ensure_ascii=False) + "\n")
@@ -323,10 +338,14 @@ def commit_output(job: ExtractJob, chunk_records: list[dict[str, Any]]) -> dict[
         raise ConfigError(
             f"{len(missing)} chunk(s) of {job.work} are not done (the first: {missing[0]}); run the job again"
         )
-    with atomic_file(job.out) as handle:
-        for index in range(job.input.chunks):
-            with fs.open(resolve(job.part(index))[1], "rb") as part:
-                shutil.copyfileobj(part, handle, 1 << 20)
+    if job.settings.output_format == "jsonl":
+        with atomic_file(job.out) as handle:
+            for index in range(job.input.chunks):
+                with fs.open(resolve(job.part(index))[1], "rb") as part:
+                    shutil.copyfileobj(part, handle, 1 << 20)
+    else:
+        lines = [line for i in range(job.input.chunks) for line in fs.cat_file(resolve(job.part(i))[1]).splitlines()]
+        write_output(lines, job.out, job.settings.output_format, model_version(job.model))
     summary = summarize(job, chunk_records)
     committed = replace(job, committed=summary)
     write_atomic(fs, resolve(f"{job.work}/{JOB_FILE}")[1], json.dumps(committed.to_dict(), indent=1).encode())
@@ -350,6 +369,7 @@ def summarize(job: ExtractJob, chunk_records: list[dict[str, Any]]) -> dict[str,
         "threshold_source": job.threshold_source,
         "chunk_size": job.settings.chunk_size,
         "chunk_overlap": job.settings.chunk_overlap,
+        "format": job.settings.output_format,
         "runtime": job.settings.runtime,
         "precision": job.settings.precision,
     }

@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefect_gliner2.session_core.errors import ConfigError, RegistryError
+from prefect_gliner2.model_registry.store import RegistryError
+from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.layout import (
     EXPORT_MARKER_FILE,
     MODEL_CONFIG_FILE,
@@ -68,7 +69,7 @@ def resolve_model(source: str) -> ModelRef:
     if not isinstance(source, str) or not source.strip():
         raise ConfigError("model must be a model directory, a registry model (ROOT/NAME[@v000001]) or a model id")
     if parse_tiny(source) is not None:
-        from prefect_gliner2.session_core.tiny import TINY_MODEL_REVISION
+        from prefect_gliner2.training.tiny import TINY_MODEL_REVISION
 
         return ModelRef(source, source, None, f"{source}@{TINY_MODEL_REVISION}", {})
     match = _VERSION_SUFFIX.match(source)
@@ -127,9 +128,17 @@ class Extractor:
     """A loaded model asked with one set of thresholds: ``extract(texts, schemas)`` -> (results, chunks per text)."""
 
     def __init__(
-        self, ref: ModelRef, *, threshold: float, per_label: Any, batch_size: int, chunk_size: int, chunk_overlap: int
+        self,
+        ref: ModelRef,
+        *,
+        threshold: float,
+        per_label: Any,
+        batch_size: int,
+        chunk_size: int,
+        chunk_overlap: int,
+        spans: bool = False,
     ) -> None:
-        from gliner2.processing.word_splitter import word_splitter_from
+        from prefect_gliner2.training.engine.native import word_splitter
 
         self.model = _load(ref)
         self.threshold = threshold
@@ -137,7 +146,8 @@ class Extractor:
         self.batch_size = batch_size
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
-        self._splitter = word_splitter_from(self.model)
+        self.spans = spans  # each entity with its offsets and confidence (what annotation formats need)
+        self._splitter = word_splitter(self.model)
         self._schemas: dict[str, Any] = {}
 
     def words(self, text: str) -> int:
@@ -163,6 +173,8 @@ class Extractor:
                     asked[0] if all(schema is asked[0] for schema in asked) else asked,
                     batch_size=self.batch_size,
                     threshold=self.threshold,
+                    include_confidence=self.spans,
+                    include_spans=self.spans,
                 )
                 for i, result in zip(short, out, strict=True):
                     results[i] = result
@@ -174,6 +186,8 @@ class Extractor:
                     threshold=self.threshold,
                     chunk_size=self.chunk_size,
                     chunk_overlap=self.chunk_overlap,
+                    include_confidence=self.spans,
+                    include_spans=self.spans,
                 )
                 for i, result in zip(long, out, strict=True):
                     results[i] = result
@@ -181,15 +195,15 @@ class Extractor:
         return results, chunks
 
     def _chunk_count(self, text: str) -> int:
-        from gliner2.inference.chunking import split_text_into_chunks
+        from prefect_gliner2.training.engine.native import chunk_count
 
-        return len(split_text_into_chunks(text, self.chunk_size, self.chunk_overlap, self._splitter))
+        return chunk_count(text, self.chunk_size, self.chunk_overlap, self._splitter)
 
     def _schema(self, schema: Mapping[str, Any]) -> Any:
         """gliner2's Schema for a schema dict with the per-label thresholds in it (built once per distinct dict)."""
         key = json.dumps(schema, sort_keys=True)
         if key not in self._schemas:
-            from gliner2.inference.schema import Schema
+            from gliner2 import Schema
 
             self._schemas[key] = Schema.from_dict(self.per_label.apply(schema))
         return self._schemas[key]
@@ -212,7 +226,7 @@ def loaded_extractor(ref: ModelRef, **settings: Any) -> Extractor:
 
 def _load(ref: ModelRef) -> Any:
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core.weights import load_exported_model
+    from prefect_gliner2.training.weights import load_exported_model
 
     fs, path = resolve(ref.uri) if "://" in ref.uri or ref.uri.startswith("/") else (None, None)
     if fs is not None and fs.isdir(path):

@@ -34,8 +34,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from prefect_gliner2.runtime.errors import LeaseUnreadableError, RunLockedError
 from prefect_gliner2.runtime.rundir import RunDirectory
-from prefect_gliner2.session_core.errors import LeaseUnreadableError, RunLockedError
 from prefect_gliner2.session_core.layout import LEASE_CLAIMS_DIR as CLAIMS_DIR
 from prefect_gliner2.session_core.layout import LEASE_FILE
 from prefect_gliner2.session_core.tempcopies import process_alive, process_start

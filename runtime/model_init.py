@@ -58,7 +58,7 @@ def init_model(
     it to ``out`` (a new or empty directory; written through a staging directory, so it is never half-written).
     The task heads' initialisation is fixed by ``seed`` (global RNG streams are left as they were); a span model's
     count head is pinned to ``count`` (see the module docstring)."""
-    from prefect_gliner2.session_core.tiny import pin_count_head
+    from prefect_gliner2.training.engine.native import pin_count_head, tokenizer_of
 
     arch = _check_architecture(architecture)
     source = check_encoder(encoder)
@@ -82,7 +82,7 @@ def init_model(
         encoder=source,
         architecture=arch,
         parameters=sum(p.numel() for p in model.parameters()),
-        tokenizer_size=len(model.processor.tokenizer),
+        tokenizer_size=len(tokenizer_of(model)),
         count_head=count if arch == "span" else None,
     )
 
@@ -127,10 +127,9 @@ def _check_out(out: str | os.PathLike[str]) -> str:
 
 def _build(source: str, architecture: str, seed: int) -> Any:
     """gliner2's own construction from an encoder, its heads initialised under `seed`."""
-    from gliner2 import AutoExtractor
-    from gliner2.configuration import ExtractorConfig
+    from gliner2 import AutoExtractor, ExtractorConfig
 
-    from prefect_gliner2.session_core.tiny.encoder import isolated_rng
+    from prefect_gliner2.training.tiny.encoder import isolated_rng
 
     try:
         with isolated_rng(seed):

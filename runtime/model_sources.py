@@ -103,7 +103,7 @@ def _architecture(config: Any, source: str) -> str:
 
 def load_model(source: str) -> Any:
     """Load the model in the worker process (imports torch and gliner2)."""
-    from prefect_gliner2.session_core.extractor_loading import load_extractor
+    from prefect_gliner2.training.extractor_loading import load_extractor
 
     tiny = parse_tiny(source)
     path = tiny_model_dir(*tiny) if tiny is not None else os.path.expanduser(source)
@@ -114,7 +114,7 @@ def tiny_model_dir(architecture: str, hidden: int, layers: int, encoder: str = "
     """The built-in tiny model as a directory in $PREFECT_GLINER2_CACHE (default ~/.cache/prefect-gliner2), built
     once (deterministic bytes), so exported LoRA adapters name a base model directory that exists. The name carries
     the builders' revision: a directory built by an older revision (a random count head) is never reused."""
-    from prefect_gliner2.session_core.tiny import TINY_MODEL_REVISION, save_tiny_model
+    from prefect_gliner2.training.tiny import TINY_MODEL_REVISION, save_tiny_model
 
     cache = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "prefect-gliner2")
     family = "" if encoder == "bert" else f"-{encoder}"

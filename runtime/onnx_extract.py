@@ -10,8 +10,7 @@ it, this module does what gliner2's ``batch_extract`` does around the model, so 
 - per-label thresholds: the runtime is asked at the lowest label threshold and each label keeps its spans at or
   above its own (its overlap decoding is per label, so this equals asking each label at its own threshold);
 - the payload: labels in the schema's order, gliner2's formatting (``session_core.onnx_payload``);
-- long texts: gliner2's own windows and merge (``split_text_into_chunks``, ``merge_chunk_results``), as
-  ``batch_extract_long`` does.
+- long texts: gliner2's own windows and merge (``training.engine.windows``), as ``batch_extract_long`` does.
 
 A text whose words the runtime would split otherwise than gliner2 (it lower-cases the text before matching words,
 and its word pattern lacks Unicode combining marks) is refused with its position: the runtime would score other
@@ -86,14 +85,16 @@ class OnnxExtractor:
         chunk_size: int,
         chunk_overlap: int,
         threads: int | None = None,
+        spans: bool = False,
     ) -> None:
-        from gliner2.processing.word_splitter import WhitespaceTokenSplitter
+        from prefect_gliner2.training.engine.windows import whitespace_splitter
 
         self.runtime = load_runtime(directory, precision, threads=threads)
         self.per_label = per_label
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
-        self._splitter = WhitespaceTokenSplitter()
+        self.spans = spans  # each entity with its offsets and confidence (what annotation formats need)
+        self._splitter = whitespace_splitter()
         self._asked: dict[str, dict[str, float]] = {}
 
     def words(self, text: str) -> int:
@@ -101,20 +102,22 @@ class OnnxExtractor:
         return sum(1 for _ in self._splitter(text, lower=False))
 
     def extract(self, texts: Sequence[str], schemas: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[int]]:
-        """One plain payload per text and how many windows each text was split into (1: none)."""
-        from gliner2.inference.chunking import merge_chunk_results, split_text_into_chunks
+        """One payload per text (plain; with `spans`, each entity's offsets and confidence) and how many windows each
+        text was split into (1: none)."""
+        from prefect_gliner2.training.engine.windows import merge_windows, split_windows
 
         results: list[Any] = []
         chunks: list[int] = []
         for text, schema in zip(texts, schemas, strict=True):
             thresholds = self._thresholds(schema)
             if len(text) > self.chunk_size and self.words(text) > self.chunk_size:
-                windows = split_text_into_chunks(text, self.chunk_size, self.chunk_overlap, self._splitter)
+                windows = split_windows(text, self.chunk_size, self.chunk_overlap, self._splitter)
                 parts = [self._detailed(window.text, thresholds, max_words=self.chunk_size) for window in windows]
-                results.append(merge_chunk_results(text, windows, parts, scalar_entity_labels=set()))
+                results.append(merge_windows(text, windows, parts, details=self.spans))
                 chunks.append(len(windows))
             else:
-                results.append(plain_payload(self._detailed(text, thresholds)))
+                detailed = self._detailed(text, thresholds)
+                results.append(detailed if self.spans else plain_payload(detailed))
                 chunks.append(1)
         return results, chunks
 

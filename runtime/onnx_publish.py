@@ -6,7 +6,7 @@ model extracts on a golden set. What ``prefect-gliner2 export --format onnx`` an
        runtime covers (``session_core.onnx_scope``; the loaded model's head, pooling and splitter next);
     2. the torch model extracts the golden records (each record's labels in its seeded shuffled order, the model's
        thresholds: export.json's fitted ones, else 0.5, or an explicit one), with confidences and offsets;
-    3. the graphs are written into the staging directory of a directory commit (``session_core.onnx_export``);
+    3. the graphs are written into the staging directory of a directory commit (``training.onnx_export``);
     4. each precision's graphs extract the same records through the runtime (``runtime.onnx_extract``) and are
        compared (``session_core.onnx_parity``); any precision outside its tolerance refuses the whole export
        (``ParityError`` with the figures) and nothing is published;
@@ -35,12 +35,12 @@ from prefect_gliner2.session_core.canonical import RecordSet
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.evaluation import extraction_schemas
 from prefect_gliner2.session_core.layout import MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE, ONNX_EXPORT_FILE
-from prefect_gliner2.session_core.onnx_export import OPSET
 from prefect_gliner2.session_core.onnx_parity import ParityReport, check_parity, compare_extractions
 from prefect_gliner2.session_core.onnx_scope import PRECISIONS, architecture_reason, schema_reasons
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.session_core.storage import directory_commit, resolve
 from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, Thresholds, fixed, read_thresholds
+from prefect_gliner2.training.onnx_export import OPSET
 
 __all__ = ["ONNX_FORMAT", "check_onnx", "export_onnx"]
 
@@ -70,7 +70,7 @@ def export_onnx(
     reference = _reference(torch_model, texts, schemas, thresholds, batch_size)
     with directory_commit(out, ONNX_EXPORT_FILE, what="ONNX export") as commit:
         local = Path(commit.local_dir())
-        from prefect_gliner2.session_core.onnx_export import write_runtime_dir
+        from prefect_gliner2.training.onnx_export import write_runtime_dir
 
         started = time.perf_counter()
         files = write_runtime_dir(torch_model, local, chosen)
@@ -171,9 +171,9 @@ def _thresholds(ref: ModelRef, explicit: float | None) -> tuple[Thresholds, str]
 
 def _load(ref: ModelRef) -> Any:
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core.engine.lora import is_peft
-    from prefect_gliner2.session_core.engine.onnx_graphs import unsupported
-    from prefect_gliner2.session_core.weights import load_exported_model
+    from prefect_gliner2.training.engine.lora import is_peft
+    from prefect_gliner2.training.engine.onnx_graphs import unsupported
+    from prefect_gliner2.training.weights import load_exported_model
 
     fs, path = resolve(ref.uri) if "://" in ref.uri or ref.uri.startswith("/") else (None, None)
     model = load_exported_model(ref.uri) if fs is not None and fs.isdir(path) else load_model(ref.uri)
@@ -189,7 +189,7 @@ def _load(ref: ModelRef) -> Any:
 def _reference(
     model: Any, texts: list[str], schemas: list[dict[str, Any]], thresholds: Thresholds, batch_size: int
 ) -> list[dict[str, Any]]:
-    from prefect_gliner2.session_core.onnx_export import reference_extract
+    from prefect_gliner2.training.onnx_export import reference_extract
 
     return reference_extract(model, texts, schemas, thresholds, batch_size)
 

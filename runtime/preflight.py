@@ -4,9 +4,9 @@ gliner2 2.1.0 extracts an entity label (any structure) only when the span model'
 zero, and it trains no count loss on entity tasks, so a model whose head predicts 0 extracts nothing at any threshold
 however long it trains: every validation F1 is 0. ``check_count_head`` asks the model for a few training records'
 labels with gliner2's own batched inference and reads the counts its head predicts (a forward hook, nothing
-patched). All zero: the run stops with :class:`DeadCountHeadError` naming the fixes, or, when the training config
-asks for it (``repair_count_head``), the head is pinned to one instance per label (``session_core.tiny.pin_count_head``:
-what ``prefect-gliner2 init-model`` does) and the check runs again.
+patched: ``training.engine.native``). All zero: the run stops with :class:`DeadCountHeadError` naming the fixes,
+or, when the training config asks for it (``repair_count_head``), the head is pinned to one instance per label
+(``engine.native.pin_count_head``: what ``prefect-gliner2 init-model`` does) and the check runs again.
 
 It runs in the session worker on the loaded model before the training session is built, on every worker start (a
 restore sees the same model, so the same repair keeps a LoRA base's hash); it draws no RNG and leaves the model's
@@ -44,41 +44,35 @@ class CountProbe:
 
 def probe_count_head(model: Any, examples: Sequence[dict[str, Any]], *, threshold: float = 0.5) -> CountProbe:
     """Extract the first PROBE_RECORDS `examples` (``{"input", "output"}`` records) with their data set's labels and
-    record every count the model's ``count_pred`` head predicts."""
+    record every count the model's count head predicts (``engine.native.count_predictions``)."""
     import torch
-    from gliner2.inference.schema import Schema
+    from gliner2 import Schema
 
-    from prefect_gliner2.session_core.tiny.encoder import isolated_rng
+    from prefect_gliner2.training.engine.native import count_predictions
+    from prefect_gliner2.training.tiny.encoder import isolated_rng
 
-    head = getattr(model, "count_pred", None)
-    if head is None:
-        return CountProbe(records=0, counts=())
     probe = list(examples[:PROBE_RECORDS])
     outputs = [example["output"] for example in probe]
     dataset = DatasetSchema.of(outputs)
     schemas = [Schema.from_dict(inference_schema(output, dataset)) for output in outputs]
-    counts: list[int] = []
-
-    def record(module: Any, inputs: Any, output: Any) -> None:
-        counts.extend(int(c) for c in output.argmax(dim=-1).reshape(-1).tolist())
-
-    hook = head.register_forward_hook(record)
     was_training = model.training
-    try:
-        with isolated_rng(0), torch.no_grad():
-            model.batch_extract(
-                [example["input"] for example in probe], schemas, batch_size=len(probe) or 1, threshold=threshold
-            )
-    finally:
-        hook.remove()
-        model.train(was_training)
+    with count_predictions(model) as counts:
+        if counts is None:
+            return CountProbe(records=0, counts=())
+        try:
+            with isolated_rng(0), torch.no_grad():
+                model.batch_extract(
+                    [example["input"] for example in probe], schemas, batch_size=len(probe) or 1, threshold=threshold
+                )
+        finally:
+            model.train(was_training)
     return CountProbe(records=len(probe), counts=tuple(counts))
 
 
 def check_count_head(model: Any, examples: Sequence[dict[str, Any]], *, repair: bool, source: str) -> str | None:
     """Stop a span model that would extract nothing, or repair it when `repair` is set (see the module docstring).
     Returns a line saying what was repaired, None when nothing was."""
-    from prefect_gliner2.session_core.tiny import pin_count_head
+    from prefect_gliner2.training.engine.native import pin_count_head
 
     probe = probe_count_head(model, examples)
     if not probe.dead:

@@ -1,16 +1,24 @@
 """Preparing a run, before its lease: plan it (or load its manifest when it resumes without data), locate its run
-directory, and, for a caller that plans before it starts a flow run, record a new run's manifest there.
+directory, and, for a caller that plans before it starts a flow run, record a new run's manifest there and hand the
+prepared run to that flow run in this process.
 
     prepared = prepare_run("tiny:span", "train.jsonl", "valid.jsonl", config, "ner-v1", "./runs")
     record_manifest(prepared)   # the CLI: the flow run then resumes run key ner-v1 from this manifest
+    with handed_over(prepared):
+        train_flow(model="tiny:span", run_key="ner-v1", storage="./runs")   # prepare_run answers with `prepared`
 
-Torch-free and Prefect-free; ``runtime.run.open_run`` opens what this prepares.
+A run is planned once per process: a resume by run key alone that was handed over is answered with the plan in
+memory (its manifest bytes go along, so the lease-holding ``open_run`` compares them with the recorded file instead
+of decoding it); any other resume decodes the run directory's manifest. Torch-free and Prefect-free;
+``runtime.run.open_run`` opens what this prepares.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +28,9 @@ from prefect_gliner2.runtime.model_sources import model_architecture
 from prefect_gliner2.runtime.rundir import RunDirectory, validate_run_key
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.errors import ConfigError
-from prefect_gliner2.session_core.manifest import encode_manifest, load_manifest
+from prefect_gliner2.session_core.manifest import encode_manifest
 
-__all__ = ["STORAGE_ENV", "PreparedRun", "default_storage", "prepare_run", "record_manifest"]
+__all__ = ["STORAGE_ENV", "PreparedRun", "default_storage", "handed_over", "prepare_run", "record_manifest"]
 
 STORAGE_ENV = "PREFECT_GLINER2_STORAGE"
 
@@ -54,11 +62,17 @@ def prepare_run(
     run_key: str | None,
     storage: str | None,
 ) -> PreparedRun:
-    """Plan the run (or load its manifest when no training data is given) and locate its run directory."""
+    """Plan the run (or load its manifest when no training data is given) and locate its run directory; a resume of
+    a run handed over in this process (``handed_over``) is that run."""
     if run_key is not None:
         validate_run_key(run_key)
-    architecture = model_architecture(model)
     storage = storage or default_storage()
+    if train_data is None and run_key is not None:
+        handed = _handed(model, run_key, storage)
+        if handed is not None:
+            _check_config(config, handed.plan.config, run_key)
+            return handed
+    architecture = model_architecture(model)
     if train_data is None:
         return _resumed(model, config, run_key, storage)
     if config is None:
@@ -85,13 +99,50 @@ def _resumed(model: str, config: TrainingConfig | None, run_key: str | None, sto
         raise ConfigError(
             f"run key {run_key!r} has no manifest at {run_dir.uri}; pass train_data and config to start it"
         )
-    loaded = load_manifest(run_dir.manifest_uri)
-    if config is not None and config.to_dict() != loaded.plan.config.to_dict():
+    loaded = ManagedTrainingPlan.from_manifest(run_dir.manifest_uri)
+    _check_config(config, loaded.plan.config, run_key)
+    return PreparedRun(run_dir, loaded.plan, None, loaded.content_address, len(loaded.eval_records) > 0, model)
+
+
+def _check_config(config: TrainingConfig | None, planned: TrainingConfig, run_key: str) -> None:
+    if config is not None and config.to_dict() != planned.to_dict():
         raise RunConflictError(
             f"run key {run_key!r} was planned with a different config; omit config to resume "
             "with the recorded one, or use a new run key"
         )
-    return PreparedRun(run_dir, loaded.plan, None, loaded.content_address, len(loaded.eval_records) > 0, model)
+
+
+#: run directory URI -> the run handed over for it (``handed_over``); this process only
+_HANDED: dict[str, PreparedRun] = {}
+
+
+@contextmanager
+def handed_over(prepared: PreparedRun) -> Iterator[PreparedRun]:
+    """For the block, a ``prepare_run`` in this process that resumes `prepared`'s run directory by its run key alone
+    (no training data; the same model) returns `prepared` instead of decoding the manifest again. For a caller that
+    recorded the manifest (``record_manifest``) and then starts the flow run on the run key: the CLI. A `prepared`
+    that carries manifest bytes carries them on, so that ``open_run`` compares them with the recorded manifest under
+    the lease (a different one is refused, as for a run given its data)."""
+    uri = prepared.run_dir.uri
+    previous = _HANDED.get(uri)
+    _HANDED[uri] = prepared
+    try:
+        yield prepared
+    finally:
+        if previous is None:
+            _HANDED.pop(uri, None)
+        else:
+            _HANDED[uri] = previous
+
+
+def _handed(model: str, run_key: str, storage: str) -> PreparedRun | None:
+    """The run handed over for this run directory and model whose manifest is still recorded, else None."""
+    if not _HANDED:
+        return None
+    handed = _HANDED.get(RunDirectory(storage, run_key).uri)
+    if handed is None or handed.model != model or not handed.run_dir.exists(layout.MANIFEST_FILE):
+        return None  # prepared as if nothing was handed over (a missing manifest is refused there)
+    return handed
 
 
 def record_manifest(

@@ -25,9 +25,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from prefect_gliner2.runtime.errors import permanent_storage_errno, storage_full_error
+from prefect_gliner2.runtime.errors import StorageFullError, WorkerError, permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.faults import FaultPlan
-from prefect_gliner2.session_core.errors import SessionCoreError, StorageFullError, WorkerError
+from prefect_gliner2.session_core.errors import SessionCoreError
 from prefect_gliner2.session_core.thresholds import THRESHOLDS_KEY
 
 __all__ = [
@@ -56,8 +56,13 @@ __all__ = [
     "encode_error",
 ]
 
-#: The module whose SessionCoreError subclasses are rebuilt in the client (torch-free: every product error is there).
-REMOTE_ERROR_MODULES = ("prefect_gliner2.session_core.errors",)
+#: The modules whose SessionCoreError subclasses are rebuilt in the client: every errors home that can define one
+#: (torch-free and Prefect-free; ``flows.sweep`` defines only a TransientError, which is never rebuilt).
+REMOTE_ERROR_MODULES = (
+    "prefect_gliner2.session_core.errors",
+    "prefect_gliner2.runtime.errors",
+    "prefect_gliner2.model_registry.store",
+)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
 from prefect_gliner2.session_core import layout
-from prefect_gliner2.session_core.errors import ConfigError, RunConflictError, RunKeyError
+from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.storage import is_local, remove_debris, resolve, write_atomic
 
 __all__ = ["CURSOR_VERSION", "DurableCursor", "RunDirectory", "checkpoint_position", "validate_run_key"]

@@ -52,7 +52,7 @@ from prefect_gliner2.runtime.worker_setup import build_training
 from prefect_gliner2.session_core import layout, storage
 
 if TYPE_CHECKING:
-    from prefect_gliner2.session_core.native_save import SameBytes
+    from prefect_gliner2.training.native_save import SameBytes
 
 __all__ = ["HANDLERS", "SessionRunner", "StartClock"]
 
@@ -283,7 +283,7 @@ class SessionRunner:
         """The weights file of the newest checkpoint committed by this worker, when it was taken at `step` and is
         local: an export of the same weights links it instead of writing them again (``native_save``, which
         compares the bytes first)."""
-        from prefect_gliner2.session_core.native_save import checkpoint_weights_file  # torch: the worker's import
+        from prefect_gliner2.training.native_save import checkpoint_weights_file  # torch: the worker's import
 
         committed = self._last_committed
         if committed is None or step is None or committed[1] != step:

@@ -42,6 +42,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from prefect_gliner2.runtime.errors import WorkerDied
 from prefect_gliner2.runtime.protocol import (
     Call,
     Close,
@@ -58,7 +59,6 @@ from prefect_gliner2.runtime.protocol import (
 from prefect_gliner2.runtime.spare import take_spare
 from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child
 from prefect_gliner2.session_core import layout
-from prefect_gliner2.session_core.errors import WorkerDied
 
 R = TypeVar("R")
 

@@ -78,10 +78,10 @@ def _import_training_stack(conn: Any, clock: StartClock) -> tuple[Init | None, b
                 clock.mark("prefetch")
             head_start(init.spec, init.restore)
             head_started = True
-        import gliner2.auto  # noqa: F401
+        from gliner2 import AutoExtractor  # noqa: F401  (imports gliner2.auto and the model classes)
 
-        import prefect_gliner2.session_core.managed  # noqa: F401
-        import prefect_gliner2.session_core.session_checkpoint  # noqa: F401
+        import prefect_gliner2.training.managed  # noqa: F401
+        import prefect_gliner2.training.session_checkpoint  # noqa: F401
     except Exception:  # noqa: BLE001, S110 - raised again, and reported, where the run's build imports it
         pass
     clock.mark("imported")

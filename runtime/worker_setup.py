@@ -20,8 +20,8 @@ from prefect_gliner2.session_core import layout, storage
 from prefect_gliner2.session_core.checkpoint import discard_prefetch, set_hash_threads
 
 if TYPE_CHECKING:
-    from prefect_gliner2.session_core.managed import ManagedTraining
     from prefect_gliner2.session_core.plan import ManagedTrainingPlan
+    from prefect_gliner2.training.managed import ManagedTraining
 
 __all__ = ["build_training", "head_start", "init_weights_dir"]
 
@@ -52,7 +52,7 @@ def build_training(
 
 
 def _build(spec: WorkerSpec, restore_uri: str | None) -> tuple[ManagedTrainingPlan, ManagedTraining]:
-    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingSession
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingSession
 
     loaded = ManagedTrainingPlan.from_manifest(spec.manifest_uri)
     plan = loaded.plan
@@ -105,7 +105,7 @@ def _prefetch(uri: str) -> None:
     """Read the checkpoint's optimizer moments, gradients, RNG and best weights in the background while the model
     loads (``session_core.prefetch.prefetch_state``). Only a head start: when it cannot start (e.g. a
     damaged index), the restore reads the checkpoint itself and reports what is wrong as it always does."""
-    from prefect_gliner2.session_core.prefetch import prefetch_state
+    from prefect_gliner2.training.prefetch import prefetch_state
 
     try:
         prefetch_state(uri)

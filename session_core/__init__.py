@@ -1,21 +1,21 @@
-"""session_core: exact, resumable GLiNER2 training sessions over gliner2's native trainer.
+"""session_core: the torch-free planning layer under the training session.
 
-Planning (TrainingConfig, records, ManagedTrainingPlan, manifests) is torch-free and imported eagerly; the
-session, managed driver and weights helpers import torch and gliner2, and load on first attribute access.
-``InputExample`` is gliner2's own record class (``gliner2.training.InputExample``), re-exported lazily: using it
-imports gliner2 and so torch; torch-free planning takes native dicts ``{"input": text, "output": {...}}`` or JSONL.
+Everything here runs without torch, numpy, transformers, gliner2 or Prefect (``tests/test_layers.py`` walks every
+module's imports, lazy ones included): the training configuration (``config``), records (``records`` +
+``record_checks`` + ``canonical``), the content-addressed plan (``plan`` + ``plan_order`` + ``plan_types``) and its
+manifest (``manifest``), storage (``storage`` + ``commits`` + ``tempcopies`` + ``durability`` + ``direct_io``), the
+run directory's names (``layout``), the checkpoint file format (``checkpoint/``), annotation formats in and out
+(``formats/``: CoNLL/BIO, spaCy, Label Studio, doccano), scoring and evaluation over any
+extractor (``scoring``, ``evaluation``, ``metrics``, ``label_order``), extraction thresholds and their fit
+(``thresholds``, ``threshold_fit``), promotion statistics (``promotion``, ``promotion_rule``,
+``promotion_report``, ``bootstrap``) and the exception tree (``errors``).
 
-Modules: planning (``config`` + ``config_checks``, ``records`` + ``record_checks`` + ``canonical``, ``plan`` +
-``plan_order`` + ``plan_types``, ``manifest``, ``storage`` + ``commits`` + ``tempcopies``, ``layout``,
-``checkpoint/``), the session (``session`` + ``session_checkpoint``, ``managed`` + ``managed_export``, ``weights``,
-``state``), the engine adapter over gliner2 (``engine/``, the only
-code that touches gliner2 internals), scoring, and the offline tiny models (``tiny/``).
+The torch layer over gliner2's native trainer (``TrainingSession``, ``ManagedTraining``, weights, the engine
+adapter, the tiny offline models) is ``prefect_gliner2.training``, which imports this package, never the reverse.
+The session names are still reachable here for code written before the split, with a DeprecationWarning.
 
-Exceptions: every exception the product raises is in ``prefect_gliner2.session_core.errors``, whose docstring draws
-the tree: PrefectGliner2Error, with the deterministic SessionCoreError branch (ConfigError, RecordError, ManifestError,
-PlanMismatchError, PrecisionError, CheckpointError and its CheckpointDamagedError, StateMismatchError, WeightsError
-and its AdapterMismatchError, SessionStateError, TrainingNumericsError, and the run-level errors) and the
-TransientError branch (a retry may help). The session's own are re-exported here.
+Exceptions: one tree, drawn in ``prefect_gliner2.session_core.errors``; the deterministic errors of planning and
+the session are defined there and re-exported here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ if __name__ != "prefect_gliner2.session_core":  # the folder imported under a ba
     raise ImportError(f"import prefect_gliner2.session_core, not {__name__}: a second copy would split every class")
 
 import importlib
+import warnings
 from typing import Any
 
 from prefect_gliner2.session_core.config import TrainingConfig
@@ -47,20 +48,15 @@ from prefect_gliner2.session_core.errors import (
 from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 from prefect_gliner2.session_core.plan_types import PlanBatch
 
-_LAZY = {
-    "InputExample": ("gliner2.training", "InputExample"),
-    "TrainingSession": ("prefect_gliner2.session_core.session", "TrainingSession"),
-    "ManagedTraining": ("prefect_gliner2.session_core.managed", "ManagedTraining"),
-    "load_exported_model": ("prefect_gliner2.session_core.weights", "load_exported_model"),
-}
+#: Names that moved to the torch layer, ``prefect_gliner2.training``; kept reachable here (with a warning) so code
+#: written before the split still runs. The one place this package names the layer above it (tests/test_layers.py).
+MOVED_TO_TRAINING = frozenset({"InputExample", "ManagedTraining", "TrainingSession", "load_exported_model"})
 
 __all__ = [
     "AdapterMismatchError",
     "CheckpointDamagedError",
     "CheckpointError",
     "ConfigError",
-    "InputExample",
-    "ManagedTraining",
     "ManagedTrainingPlan",
     "ManifestError",
     "PlanBatch",
@@ -73,18 +69,17 @@ __all__ = [
     "StateMismatchError",
     "TrainingConfig",
     "TrainingNumericsError",
-    "TrainingSession",
     "TransientError",
     "WeightsError",
-    "load_exported_model",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    try:
-        module_name, attribute = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'prefect_gliner2.session_core' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module_name), attribute)
-    globals()[name] = value
-    return value
+    if name not in MOVED_TO_TRAINING:
+        raise AttributeError(f"module 'prefect_gliner2.session_core' has no attribute {name!r}")
+    warnings.warn(
+        f"prefect_gliner2.session_core.{name} moved to the torch layer: import it from prefect_gliner2.training",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module("prefect_gliner2.training"), name)

@@ -20,7 +20,7 @@ from prefect_gliner2.session_core.config_checks import FIELD_KINDS, check_config
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, greater_is_better_for
 
-__all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "OWN_FIELDS", "TrainingConfig"]
+__all__ = ["DEFAULT_LORA_TARGET_MODULES", "NON_FINGERPRINT_FIELDS", "OWN_FIELDS", "TrainingConfig", "read_config_file"]
 
 DEFAULT_LORA_TARGET_MODULES: tuple[str, ...] = ("encoder", "span_rep", "classifier", "count_embed", "count_pred")
 
@@ -182,26 +182,7 @@ class TrainingConfig:
     @classmethod
     def from_file(cls, path_or_url: str | os.PathLike[str]) -> TrainingConfig:
         """Read a ``.json``, ``.yaml`` or ``.yml`` file from a local path or any fsspec URL."""
-        uri = os.fspath(path_or_url)
-        suffix = uri.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
-        if suffix not in ("json", "yaml", "yml"):
-            raise ConfigError(
-                f"config file {uri!r} must end in .json, .yaml or .yml (got {suffix or 'no extension'!r})"
-            )
-        try:
-            with fsspec.open(uri, "rt", encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as exc:
-            reason = exc.strerror or type(exc).__name__
-            raise ConfigError(
-                f"config file {uri!r} cannot be read ({reason}); pass a JSON or YAML file of TrainingConfig fields"
-            ) from exc
-        data = _parse_config_text(text, uri, suffix)
-        if not isinstance(data, Mapping):
-            raise ConfigError(
-                f"config file {uri!r} must hold a mapping of field names to values, got {type(data).__name__}"
-            )
-        return cls.from_dict(data)
+        return cls.from_dict(read_config_file(path_or_url))
 
     def replace(self, **changes: Any) -> TrainingConfig:
         """A copy with ``changes`` applied and everything validated again."""
@@ -233,6 +214,29 @@ class TrainingConfig:
 _NATIVE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainingConfig))
 _FIELD_NAMES: frozenset[str] = frozenset(_NATIVE_FIELDS)
 assert _FIELD_NAMES == frozenset(FIELD_KINDS), "every TrainingConfig field needs a kind (config_checks.FIELD_KINDS)"
+
+
+def read_config_file(path_or_url: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping of field names to values in a ``.json``, ``.yaml`` or ``.yml`` config file (path or fsspec URL),
+    not yet checked as a TrainingConfig."""
+    uri = os.fspath(path_or_url)
+    suffix = uri.rsplit("/", 1)[-1].rsplit(".", 1)[-1].lower() if "." in uri.rsplit("/", 1)[-1] else ""
+    if suffix not in ("json", "yaml", "yml"):
+        raise ConfigError(f"config file {uri!r} must end in .json, .yaml or .yml (got {suffix or 'no extension'!r})")
+    try:
+        with fsspec.open(uri, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"config file {uri!r} cannot be read ({reason}); pass a JSON or YAML file of TrainingConfig fields"
+        ) from exc
+    data = _parse_config_text(text, uri, suffix)
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"config file {uri!r} must hold a mapping of field names to values, got {type(data).__name__}"
+        )
+    return dict(data)
 
 
 def _parse_config_text(text: str, uri: str, suffix: str) -> Any:

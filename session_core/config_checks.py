@@ -8,13 +8,15 @@ every problem. Torch-free: hardware checks belong to the engine.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.metrics import DEFAULT_METRIC, greater_is_better_for, is_extraction_metric
 
-if TYPE_CHECKING:
-    from prefect_gliner2.session_core.config import TrainingConfig
+#: The object checked: a TrainingConfig while it is constructed (``config.py`` calls ``check_config`` from
+#: ``__post_init__``). This module reads and normalises its fields by name (``FIELD_KINDS``, kept equal to the
+#: dataclass's fields by an assertion in config.py) and never imports the class: config imports the checks, one way.
+ConfigFields = Any
 
 __all__ = ["EVAL_STRATEGIES", "FIELD_KINDS", "MATMUL_PRECISIONS", "SCHEDULER_TYPES", "check_config"]
 
@@ -125,7 +127,7 @@ FIELD_KINDS: dict[str, str] = {
 }
 
 
-def check_config(cfg: TrainingConfig) -> None:
+def check_config(cfg: ConfigFields) -> None:
     """Normalise `cfg` in place, then raise one ConfigError naming every problem (types first: ranges of values of
     the wrong type would only add noise)."""
     _normalize(cfg)
@@ -136,7 +138,7 @@ def check_config(cfg: TrainingConfig) -> None:
         raise ConfigError(_format_problems(problems))
 
 
-def _normalize(cfg: TrainingConfig) -> None:
+def _normalize(cfg: ConfigFields) -> None:
     """Store ints given for float fields as floats and a list of targets as a tuple, and resolve the selection
     defaults (no validation)."""
     if cfg.metric_for_best is None:
@@ -166,7 +168,7 @@ def _type_ok(value: Any, kind: str) -> bool:
     return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
 
 
-def _check_types(cfg: TrainingConfig) -> list[str]:
+def _check_types(cfg: ConfigFields) -> list[str]:
     problems = []
     for name, kind in FIELD_KINDS.items():
         value = getattr(cfg, name)
@@ -177,7 +179,7 @@ def _check_types(cfg: TrainingConfig) -> list[str]:
     return problems
 
 
-def _check_precision(cfg: TrainingConfig) -> list[str]:
+def _check_precision(cfg: ConfigFields) -> list[str]:
     if cfg.fp16 is None or cfg.bf16 is None:
         return [
             "precision must be explicit: pass fp16=False and bf16=True/False "
@@ -245,11 +247,11 @@ _REFUSALS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def _check_refusals(cfg: TrainingConfig) -> list[str]:
+def _check_refusals(cfg: ConfigFields) -> list[str]:
     return [msg.format(v=getattr(cfg, name)) for name, refused, msg in _REFUSALS if refused(getattr(cfg, name))]
 
 
-def _check_ranges(cfg: TrainingConfig) -> list[str]:
+def _check_ranges(cfg: ConfigFields) -> list[str]:
     """Counts, rates, fractions and sizes within their ranges."""
     p: list[str] = []
 
@@ -285,7 +287,7 @@ def _check_ranges(cfg: TrainingConfig) -> list[str]:
     return p
 
 
-def _check_choices(cfg: TrainingConfig) -> list[str]:
+def _check_choices(cfg: ConfigFields) -> list[str]:
     """Named options among the supported ones, and settings consistent with each other (selection, LoRA)."""
     p: list[str] = []
 

@@ -3,11 +3,12 @@
     PrefectGliner2Error                        base of everything we raise on purpose
     ├── SessionCoreError                       deterministic: retrying will not help, so it is never retried
     │   ├── ConfigError (ValueError)           a TrainingConfig field is invalid or unsupported
-    │   │   └── RunKeyError                    a run key that is not a safe directory name
+    │   │   └── RunKeyError                    a run key that is not a safe directory name               [runtime]
     │   ├── RecordError (ValueError)           training/validation records are invalid (row index + reason)
+    │   │   └── FormatError                    an annotation file (CoNLL, spaCy, Label Studio, doccano) is unreadable
     │   ├── ManifestError (ValueError)         a manifest is malformed, edited or of an unknown schema
     │   ├── PlanMismatchError (ValueError)     a checkpoint or run key belongs to a different plan
-    │   │   └── RunConflictError               a different manifest / settings under an existing run key
+    │   │   └── RunConflictError               a different manifest / settings under an existing run key [runtime]
     │   ├── PrecisionError (RuntimeError)      a precision the hardware or the session cannot honour
     │   ├── CheckpointError (RuntimeError)     a checkpoint is missing, truncated, edited or incomplete
     │   │   └── CheckpointDamagedError         its files differ from its index (hash, size, missing): use an earlier one
@@ -17,15 +18,20 @@
     │   │   └── AdapterMismatchError           a preloaded/loaded LoRA adapter differs from the config
     │   ├── SessionStateError (RuntimeError)   an operation in the wrong order (closed, past max_steps, not fresh)
     │   ├── TrainingNumericsError (FloatingPointError)  non-finite loss/gradients, or a loss without grad
-    │   ├── RegistryError (ValueError)         a model registry name, version or pointer is invalid or missing
-    │   ├── RunLockedError (RuntimeError)      another live run holds the run key's lease
     │   ├── ParityError (RuntimeError)         an ONNX export outside the parity gate's tolerance (its figures)
-    │   └── StorageFullError (OSError)         a write failed with ENOSPC, EFBIG, EDQUOT or EROFS (any process)
+    │   ├── RegistryError (ValueError)         a registry name, version or pointer is invalid or missing  [registry]
+    │   ├── RunLockedError (RuntimeError)      another live run holds the run key's lease                 [runtime]
+    │   └── StorageFullError (OSError)         a write failed with ENOSPC, EFBIG, EDQUOT or EROFS        [runtime]
     └── TransientError (RuntimeError)          a retry may help
-        ├── WorkerDied                         the session worker process vanished (kill, OOM, segfault)
-        ├── WorkerError                        an unexpected (not ours) exception inside the worker; it was discarded
-        ├── LeaseUnreadableError               the lease record could not be read: never taken as "free"
-        └── SweepIncompleteError               some sweep points did not complete: retrying the sweep retries them
+        ├── WorkerDied                         the session worker process vanished (kill, OOM, segfault)  [runtime]
+        ├── WorkerError                        an unexpected (not ours) exception inside the worker       [runtime]
+        ├── LeaseUnreadableError               the lease record could not be read: never "free"           [runtime]
+        └── SweepIncompleteError               some sweep points did not complete: a retry retries them   [flows]
+
+Each class is defined in the layer that raises it: unmarked ones here (planning and the training session), [runtime]
+in ``prefect_gliner2.runtime.errors`` (the run: its key, lease, worker and storage), [registry] in
+``prefect_gliner2.model_registry.store``, [flows] in ``prefect_gliner2.flows.sweep``. All derive from the bases here,
+so the tree stays one tree; ``prefect_gliner2`` exports the common ones.
 
 Messages say what was wrong and what to do. ``prefect_gliner2.runtime.errors.is_transient`` is the retry rule: never
 a SessionCoreError (nor a write to a full or read-only storage), otherwise yes. Every class pickles with its fields:
@@ -47,27 +53,19 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DeadCountHeadError",
-    "LeaseUnreadableError",
+    "FormatError",
     "ManifestError",
     "ParityError",
     "PlanMismatchError",
     "PrecisionError",
     "PrefectGliner2Error",
     "RecordError",
-    "RegistryError",
-    "RunConflictError",
-    "RunKeyError",
-    "RunLockedError",
     "SessionCoreError",
     "SessionStateError",
     "StateMismatchError",
-    "StorageFullError",
-    "SweepIncompleteError",
     "TrainingNumericsError",
     "TransientError",
     "WeightsError",
-    "WorkerDied",
-    "WorkerError",
 ]
 
 # Refusals checked in two places (the session, and the flow before any task runs): one wording.
@@ -97,6 +95,11 @@ class ConfigError(SessionCoreError, ValueError):
 
 class RecordError(SessionCoreError, ValueError):
     """Training or validation records are invalid; the message lists row indices and reasons."""
+
+
+class FormatError(RecordError):
+    """An annotation file cannot be read or written in its format; the message names file, line or record, offset
+    and what to do."""
 
 
 class ManifestError(SessionCoreError, ValueError):
@@ -145,22 +148,6 @@ class TrainingNumericsError(SessionCoreError, FloatingPointError):
     """A non-finite loss or gradient, or a loss that does not require grad while parameters are trainable."""
 
 
-class RegistryError(SessionCoreError, ValueError):
-    """A registry name, version or pointer is invalid or missing."""
-
-
-class RunKeyError(ConfigError):
-    """A run key that cannot name a run directory safely."""
-
-
-class RunConflictError(PlanMismatchError):
-    """The run key already holds a run with a different manifest or different run settings."""
-
-
-class RunLockedError(SessionCoreError, RuntimeError):
-    """Another live flow run holds the lease on this run key."""
-
-
 class ParityError(SessionCoreError, RuntimeError):
     """An ONNX export whose graphs do not extract what the torch model extracts, within the precision's tolerance;
     `reports` holds the gate's figures per precision (``session_core.onnx_parity``). Nothing was published."""
@@ -173,46 +160,8 @@ class ParityError(SessionCoreError, RuntimeError):
         return (type(self), (str(self), self.reports), dict(self.__dict__))
 
 
-class StorageFullError(SessionCoreError, OSError):
-    """A write failed because the storage is full, past a file-size or quota limit, or read-only: not retried."""
-
-    def __init__(self, code: int, message: str) -> None:
-        OSError.__init__(self, code, message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.errno, self.message), dict(self.__dict__))
-
-
 # ---- transient -------------------------------------------------------------------------------------------------
 
 
 class TransientError(PrefectGliner2Error, RuntimeError):
     """Base class of the errors a retry may cure (a worker that died, a lease that could not be read)."""
-
-
-class WorkerDied(TransientError):
-    """The session worker process died; a retry starts a fresh one from the newest committed checkpoint."""
-
-
-class WorkerError(TransientError):
-    """An unexpected exception inside the worker (not one of ours); the worker was discarded."""
-
-    def __init__(self, message: str, remote_traceback: str = "", remote_type: str = "") -> None:
-        super().__init__(message)
-        self.remote_traceback = remote_traceback
-        self.remote_type = remote_type  # the exception's type in the worker, e.g. "RuntimeError"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.remote_traceback, self.remote_type), dict(self.__dict__))
-
-
-class LeaseUnreadableError(TransientError):
-    """The run key's lease record could not be read or listed: the key is not treated as free."""
-
-
-class SweepIncompleteError(TransientError):
-    """Some points of a sweep did not complete (transient: retrying the sweep retries them)."""

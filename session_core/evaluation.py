@@ -1,6 +1,7 @@
 """Validation of a live session: gliner2's native eval losses and, from its own batched inference, extraction scores.
 
-The managed driver's validation points and held-out scoring of models (`runtime/compare.py`: retraining's
+Torch-free: the session and the extractors are passed in (``training.inference.model_extractor`` wraps a loaded
+model). The managed driver's validation points and held-out scoring of models (`runtime/compare.py`: retraining's
 comparison and `prefect-gliner2 compare`) extract and score with the same functions here, so a candidate's
 held-out score is computed like its validation history. Both parts draw no RNG and leave modes and gradients
 untouched (see `TrainingSession.forward` and `TrainingSession.extract`), so validating never changes training.
@@ -20,7 +21,6 @@ __all__ = [
     "PER_LABEL_KEY",
     "evaluate_session",
     "extraction_schemas",
-    "model_extractor",
     "native_losses",
     "order_robustness",
     "score_extraction",
@@ -119,22 +119,3 @@ def evaluate_session(
         metrics.update(order)
         metrics[PER_LABEL_KEY] = report.rows()
     return metrics
-
-
-def model_extractor(model: Any, *, threshold: float | Thresholds = 0.5, batch_size: int = 8) -> Extract:
-    """gliner2's public batched extraction (``batch_extract``) on a loaded model, for scoring an exported model, at
-    one `threshold` or a model's :class:`Thresholds`."""
-    chosen = threshold if isinstance(threshold, Thresholds) else fixed(threshold)
-
-    def extract(texts: list[str], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        import torch
-        from gliner2.inference.schema import Schema
-
-        built = [Schema.from_dict(chosen.apply(schema)) for schema in schemas]
-        with torch.no_grad():
-            results: list[dict[str, Any]] = model.batch_extract(
-                texts, built, batch_size=batch_size, threshold=chosen.threshold
-            )
-        return results
-
-    return extract

@@ -121,7 +121,7 @@ MODEL_WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
-# ---- ONNX export (the gliner2-onnx runtime's directory plus our marker; session_core/onnx_export.py) -----------
+# ---- ONNX export (the gliner2-onnx runtime's directory plus our marker; training/onnx_export.py) ---------------
 ONNX_EXPORT_FILE = "onnx_export.json"  # written last (the commit): provenance, thresholds, schema, parity figures
 ONNX_DIR = "onnx"  # an ONNX export inside a model export (a training flow's optional step; kept by the registry)
 

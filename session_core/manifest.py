@@ -34,26 +34,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from array import array
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import fsspec
 
 from prefect_gliner2.session_core.canonical import RecordSet, canonical_json, paused_gc, record_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, ManifestError, PlanMismatchError, RecordError
+from prefect_gliner2.session_core.plan_order import PLAN_ALGORITHM_VERSION
+from prefect_gliner2.session_core.plan_types import SelectionPolicy
 from prefect_gliner2.session_core.records import load_records
 from prefect_gliner2.session_core.storage import resolve, write_atomic
-
-if TYPE_CHECKING:
-    from prefect_gliner2.session_core.plan import ManagedTrainingPlan
 
 __all__ = [
     "MANIFEST_SCHEMA_NAME",
     "MANIFEST_SCHEMA_VERSION",
     "EncodedManifest",
     "LoadedManifest",
+    "PlannedRun",
     "build_manifest",
     "content_address",
     "dumps_manifest",
@@ -97,11 +98,44 @@ def _given_parts(manifest: Mapping[str, Any]) -> dict[str, str]:
     return {k: _part_json(k, v) for k, v in manifest.items() if k != "content_address"}
 
 
+class PlannedRun(Protocol):
+    """What a manifest records of a plan (``ManagedTrainingPlan`` is one; the plan module imports this one, never
+    the reverse)."""
+
+    @property
+    def architecture(self) -> str: ...
+    @property
+    def config(self) -> TrainingConfig: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def records(self) -> RecordSet: ...
+    @property
+    def num_epochs(self) -> int: ...
+    @property
+    def batch_count(self) -> int: ...
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def batches_per_epoch(self) -> int: ...
+    @property
+    def selection(self) -> SelectionPolicy: ...
+    def updates(self) -> list[int]: ...
+    def epoch_ends(self) -> list[int]: ...
+    def validations(self) -> list[int]: ...
+    def epoch_order(self, epoch: int) -> array: ...
+
+
+P = TypeVar("P", bound=PlannedRun)
+#: Builds the plan a manifest describes from its records, config and architecture (``ManagedTrainingPlan``).
+Rebuild = Callable[[Any, TrainingConfig, str], P]
+
+
 @dataclass(frozen=True)
-class LoadedManifest:
+class LoadedManifest(Generic[P]):
     """A verified manifest: its rebuilt plan and validation records (unpacks as ``plan, eval_records``)."""
 
-    plan: ManagedTrainingPlan
+    plan: P
     eval_records: RecordSet
     content_address: str
 
@@ -116,11 +150,11 @@ class LoadedManifest:
 # ------------------------------------------------------------------------------------------- building
 
 
-def _manifest_parts(plan: ManagedTrainingPlan, eval_records: RecordSet) -> dict[str, str]:
+def _manifest_parts(plan: PlannedRun, eval_records: RecordSet) -> dict[str, str]:
     """Top-level key -> canonical JSON text of its value, for every key but ``content_address``."""
     values: dict[str, Any] = {
         "schema": {"name": MANIFEST_SCHEMA_NAME, "version": MANIFEST_SCHEMA_VERSION},
-        "plan_algorithm_version": _plan_algorithm_version(),
+        "plan_algorithm_version": PLAN_ALGORITHM_VERSION,
         "architecture": plan.architecture,
         "config": plan.config.to_dict(),
         "fingerprint": plan.fingerprint,
@@ -140,13 +174,7 @@ def _manifest_parts(plan: ManagedTrainingPlan, eval_records: RecordSet) -> dict[
     return parts
 
 
-def _plan_algorithm_version() -> int:
-    from prefect_gliner2.session_core.plan import PLAN_ALGORITHM_VERSION
-
-    return PLAN_ALGORITHM_VERSION
-
-
-def _batches_json(plan: ManagedTrainingPlan) -> str:
+def _batches_json(plan: PlannedRun) -> str:
     size, per_epoch = plan.config.batch_size, plan.batches_per_epoch
     pieces = []
     for epoch in range(plan.num_epochs):
@@ -168,7 +196,7 @@ def _eval_records(eval_examples: Any) -> RecordSet:
     return load_records(eval_examples if eval_examples is not None else [], what="validation", allow_empty=True)
 
 
-def build_manifest(plan: ManagedTrainingPlan, eval_examples: Any = None) -> dict[str, Any]:
+def build_manifest(plan: PlannedRun, eval_examples: Any = None) -> dict[str, Any]:
     """``plan.to_manifest(eval_examples)``: the manifest as a dict (see the module docstring)."""
     parts = _manifest_parts(plan, _eval_records(eval_examples))
     address = _address(parts)
@@ -187,7 +215,7 @@ class EncodedManifest:
     eval_record_count: int
 
 
-def encode_manifest(plan: ManagedTrainingPlan, eval_examples: Any = None) -> EncodedManifest:
+def encode_manifest(plan: PlannedRun, eval_examples: Any = None) -> EncodedManifest:
     """The file bytes of ``build_manifest(plan, eval_examples)`` (built from the canonical record strings), with
     their content address and the number of validation records."""
     eval_records = _eval_records(eval_examples)
@@ -197,7 +225,7 @@ def encode_manifest(plan: ManagedTrainingPlan, eval_examples: Any = None) -> Enc
     return EncodedManifest((_join(parts) + "\n").encode("utf-8"), address, len(eval_records))
 
 
-def manifest_bytes(plan: ManagedTrainingPlan, eval_examples: Any = None) -> bytes:
+def manifest_bytes(plan: PlannedRun, eval_examples: Any = None) -> bytes:
     """The file bytes of ``build_manifest(plan, eval_examples)``, built from the canonical record strings."""
     return encode_manifest(plan, eval_examples).data
 
@@ -263,14 +291,14 @@ def read_manifest(uri: str | os.PathLike[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ loading
 
 
-def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -> LoadedManifest:
-    """Verify a manifest and rebuild its plan (``ManagedTrainingPlan.from_manifest``).
+def load_manifest(
+    manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str], rebuild: Rebuild[P]
+) -> LoadedManifest[P]:
+    """Verify a manifest and rebuild its plan with `rebuild` (``ManagedTrainingPlan.from_manifest`` passes itself).
 
     Raises ``ManifestError`` for an unknown schema, a content address that does not match (the manifest was
     edited) or invalid content, and ``PlanMismatchError`` when the rebuilt plan differs from the recorded one.
     """
-    from prefect_gliner2.session_core.plan import ManagedTrainingPlan
-
     if isinstance(manifest_or_uri, Mapping):
         manifest = manifest_or_uri
     elif isinstance(manifest_or_uri, (str, os.PathLike)):
@@ -286,14 +314,14 @@ def load_manifest(manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -
             f"computed {_address(given)[:12]}...): it was edited or corrupted after it was written. Manifests must not "
             "be edited; regenerate it from the data with ManagedTrainingPlan(...).to_manifest()"
         )
-    if manifest["plan_algorithm_version"] != _plan_algorithm_version():
+    if manifest["plan_algorithm_version"] != PLAN_ALGORITHM_VERSION:
         raise ManifestError(
             f"manifest was planned with plan algorithm v{manifest['plan_algorithm_version']}, but this version of "
-            f"prefect-gliner2 implements v{_plan_algorithm_version()}; use a matching prefect-gliner2 or re-plan"
+            f"prefect-gliner2 implements v{PLAN_ALGORITHM_VERSION}; use a matching prefect-gliner2 or re-plan"
         )
     try:
         config = TrainingConfig.from_dict(manifest["config"])
-        plan = ManagedTrainingPlan(manifest["examples"], config, architecture=manifest["architecture"])
+        plan = rebuild(manifest["examples"], config, manifest["architecture"])
         eval_records = load_records(manifest["eval_examples"], what="validation", allow_empty=True)
     except (ConfigError, RecordError) as exc:
         raise ManifestError(f"manifest content is invalid: {exc}") from exc
@@ -329,7 +357,7 @@ def _check_schema(manifest: Mapping[str, Any]) -> None:
         raise ManifestError(f"manifest has unknown keys {unknown}; manifests must not be edited, regenerate it")
 
 
-def _check_rebuilt(given: Mapping[str, str], rebuilt: Mapping[str, str], plan: ManagedTrainingPlan) -> None:
+def _check_rebuilt(given: Mapping[str, str], rebuilt: Mapping[str, str], plan: PlannedRun) -> None:
     if given["fingerprint"] != rebuilt["fingerprint"]:
         raise PlanMismatchError(
             f"manifest fingerprint {given['fingerprint'][:14]}... "

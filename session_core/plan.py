@@ -50,18 +50,16 @@ import math
 import os
 from array import array
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect_gliner2.session_core.augment import entity_label_set, with_negative_labels
 from prefect_gliner2.session_core.canonical import RecordSet, canonical_json
 from prefect_gliner2.session_core.config import TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.manifest import LoadedManifest, build_manifest, load_manifest, manifest_bytes
 from prefect_gliner2.session_core.plan_order import PLAN_ALGORITHM_VERSION, group_by_length, random_keys, shuffled
 from prefect_gliner2.session_core.plan_types import PlanBatch, SelectionPolicy
 from prefect_gliner2.session_core.records import load_records
-
-if TYPE_CHECKING:
-    from prefect_gliner2.session_core.manifest import LoadedManifest
 
 __all__ = [
     "ARCHITECTURES",
@@ -314,20 +312,18 @@ class ManagedTrainingPlan:
     def to_manifest(self, eval_examples: Any = None) -> dict[str, Any]:
         """The content-addressed JSON manifest (see ``prefect_gliner2.session_core.manifest``); it contains the training
         data."""
-        from prefect_gliner2.session_core.manifest import build_manifest
-
         return build_manifest(self, eval_examples)
 
     def manifest_bytes(self, eval_examples: Any = None) -> bytes:
         """``to_manifest(...)`` serialized exactly as ``write_manifest`` stores it, without building record dicts."""
-        from prefect_gliner2.session_core.manifest import manifest_bytes
-
         return manifest_bytes(self, eval_examples)
 
     @classmethod
-    def from_manifest(cls, manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]) -> LoadedManifest:
+    def from_manifest(
+        cls, manifest_or_uri: Mapping[str, Any] | str | os.PathLike[str]
+    ) -> LoadedManifest[ManagedTrainingPlan]:
         """Verify a manifest (dict or URI) and rebuild its plan; returns ``LoadedManifest`` (unpacks to plan,
         eval_records)."""
-        from prefect_gliner2.session_core.manifest import load_manifest
-
-        return load_manifest(manifest_or_uri)
+        return load_manifest(
+            manifest_or_uri, lambda examples, config, architecture: cls(examples, config, architecture)
+        )

@@ -3,7 +3,7 @@
     rule = PromotionRule(margin=0.0, confidence=0.95, resamples=2000, seed=0)
     decision = decide_promotion(ScoredSet("test_data", candidate_counts, current_counts, base_counts),
                                 guard=ScoredSet("guard_data", candidate_guard, current_guard), rule=rule)
-    decision.promote, decision.reasons, decision.to_dict(), decision.to_markdown()
+    decision.promote, decision.reasons, decision.to_dict()  # for people: promotion_report.decision_markdown(decision)
 
 The rule, every interval from one seeded paired bootstrap over whole records (:mod:`.bootstrap`) per set of
 records, at the rule's ``confidence``:
@@ -181,18 +181,6 @@ class PromotionDecision:
             test=SetComparison.from_dict(data["test"]),
             guard=SetComparison.from_dict(data["guard"]) if data.get("guard") else None,
         )
-
-    def to_markdown(self) -> str:
-        """For a Prefect markdown artifact: the verdict, the F1 table, the reasons, the label tables, the rule."""
-        from prefect_gliner2.session_core.promotion_report import decision_markdown
-
-        return decision_markdown(self)
-
-    def to_text(self) -> str:
-        """Plain text for a terminal: the same content as :meth:`to_markdown`."""
-        from prefect_gliner2.session_core.promotion_report import decision_text
-
-        return decision_text(self)
 
 
 def decide_promotion(

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prefect_gliner2.session_core.bootstrap import Interval
-
-if TYPE_CHECKING:
-    from prefect_gliner2.session_core.promotion import PromotionDecision, SetComparison
-    from prefect_gliner2.session_core.promotion_rule import PromotionRule
+from prefect_gliner2.session_core.promotion import PromotionDecision, SetComparison
+from prefect_gliner2.session_core.promotion_rule import PromotionRule
 
 __all__ = ["decision_markdown", "decision_text", "rule_words"]
 

@@ -11,6 +11,11 @@ key order kept, and its sha256 content hash). Validation mirrors the structural 
 ``InputExample.validate`` (``record_checks``: mentions and values must occur in the text, case-insensitively, or be
 exact ``{"text", "start", "end"}`` spans), adds type checks, and refuses unknown keys instead of ignoring them.
 All problems are collected and reported in one ``RecordError``; no record is ever dropped.
+
+Annotation files in other formats (CoNLL/BIO, spaCy DocBin and JSONL, Label Studio, doccano; ``session_core.formats``)
+load the same way with ``format=`` (a format name, or ``"auto"`` to detect each file's): ``load_records("train.conll",
+format="conll")`` gives exactly the records ``prefect-gliner2 convert`` writes for that file, so converting first or
+not plans the same run. ``read_data`` also says what each file was read as.
 """
 
 from __future__ import annotations
@@ -20,15 +25,19 @@ import json
 import os
 from array import array
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
 from prefect_gliner2.session_core.canonical import RecordSet, encode_record, paused_gc
 from prefect_gliner2.session_core.errors import RecordError
+from prefect_gliner2.session_core.formats.convert import read_documents, records_of, resolve_format
+from prefect_gliner2.session_core.formats.options import FormatOptions
+from prefect_gliner2.session_core.formats.registry import AUTO, NATIVE
 from prefect_gliner2.session_core.record_checks import TEXT_FORMAT_KEYS, check_record, key_problems, suggest
 
-__all__ = ["MAX_LISTED_PROBLEMS", "load_records"]
+__all__ = ["MAX_LISTED_PROBLEMS", "DataReading", "load_records", "planner_source", "read_data"]
 
 MAX_LISTED_PROBLEMS = 20
 
@@ -95,13 +104,25 @@ class _Builder:
         return RecordSet(self.canonical, bytes(self.digests), self.lengths)
 
 
-def load_records(source: Any, *, what: str = "training", allow_empty: bool = False) -> RecordSet:
+def load_records(
+    source: Any,
+    *,
+    what: str = "training",
+    allow_empty: bool = False,
+    format: str | None = None,
+    options: FormatOptions | None = None,
+) -> RecordSet:
     """Load, validate and canonicalize records from any accepted input (see the module docstring).
 
     ``what`` names the records in messages ("training", "validation"). Raises ``RecordError`` listing every
     problem as ``row <i>: <reason>`` (JSONL rows also name file and line); an empty input is an error unless
-    ``allow_empty``.
+    ``allow_empty``. ``format`` (None: gliner2's records) reads files of another annotation format, ``"auto"``
+    detects each file's; ``options`` are that format's settings (``FormatOptions``).
     """
+    if format is not None and format != NATIVE:
+        return read_data(source, format=format, options=options, what=what, allow_empty=allow_empty).records
+    if options is not None and options.changed():
+        raise RecordError(f"format options {options.changed()} do not apply to gliner2 records; pass format=")
     if isinstance(source, RecordSet):
         if not source and not allow_empty:
             raise RecordError(f"no {what} records: the record set is empty; pass at least one record")
@@ -116,6 +137,67 @@ def load_records(source: Any, *, what: str = "training", allow_empty: bool = Fal
         for item in _as_items(source):
             builder.add(item)
         return builder.finish(f"{builder.rows} in-memory records", allow_empty)
+
+
+@dataclass(frozen=True)
+class DataReading:
+    """Records loaded from files, and one line per file saying what it was read as."""
+
+    records: RecordSet
+    files: list[str]
+
+
+def read_data(
+    source: Any,
+    *,
+    format: str = AUTO,
+    options: FormatOptions | None = None,
+    what: str = "training",
+    allow_empty: bool = False,
+) -> DataReading:
+    """``load_records`` for files of any format (``auto``: each file's detected), saying what each file was read as.
+    Converted records list every label of all the converted files of this call (see ``session_core.formats``)."""
+    paths = _as_paths(source)
+    if paths is None:
+        if format not in (AUTO, NATIVE):
+            raise RecordError(f"format {format!r} applies to files; pass file paths, or records without format=")
+        return DataReading(load_records(source, what=what, allow_empty=allow_empty), [])
+    options = options or FormatOptions()
+    formats = [resolve_format(path, format, options) for path in paths]
+    readings = [
+        None if fmt == NATIVE else read_documents(path, fmt, options)
+        for path, (fmt, _) in zip(paths, formats, strict=True)
+    ]
+    foreign = [reading for reading in readings if reading is not None]
+    converted = iter(records_of(foreign) if foreign else [])
+    builder = _Builder(what)
+    files = []
+    with paused_gc():
+        for path, (_, why), reading in zip(paths, formats, readings, strict=True):
+            if reading is None:
+                _read_jsonl(path, builder)
+                files.append(f"{path}: gliner2 records" + (f" (detected from {why})" if why else ""))
+                continue
+            for document in reading.documents:
+                builder.add(next(converted), f" ({document.where})", parsed_json=True)
+            files.append(reading.describe() + (f" (format detected from {why})" if why else ""))
+        source_name = ", ".join(paths) if len(paths) <= 3 else f"{len(paths)} files"
+        return DataReading(builder.finish(source_name, allow_empty), files)
+
+
+def planner_source(
+    paths: str | list[str] | None, *, format: str = AUTO, options: FormatOptions | None = None, what: str = "training"
+) -> tuple[Any, list[str]]:
+    """Data files as a planner takes them, and what each converted file was read as: the paths unchanged when every
+    file holds gliner2 records (read later, as always), else the records of every file (``read_data``)."""
+    if not paths:
+        return paths, []
+    listed = [paths] if isinstance(paths, str) else list(paths)
+    options = options or FormatOptions()
+    if all(resolve_format(path, format, options)[0] == NATIVE for path in listed):
+        return paths, []
+    reading = read_data(listed, format=format, options=options, what=what)
+    return reading.records, reading.files
 
 
 def _as_paths(source: Any) -> list[str] | None:

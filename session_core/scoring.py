@@ -5,7 +5,7 @@ Pure Python (no torch, no gliner2): unit-testable on hand-made records. Gold is 
 extraction payload for the schema :func:`inference_schema` builds from the same gold. Reading both (and
 ``normalize_text``) is :mod:`.native_payloads`.
 
-Matching rules (README, "Extraction metrics"):
+Matching rules (docs/evaluation.md, "Extraction metrics"):
 
 - Texts match exactly after whitespace normalization (leading/trailing whitespace removed, inner runs of whitespace
   collapsed to one space). Case matters. A mention given as a span dict counts by its ``text``.

@@ -238,7 +238,7 @@ def test_snapshot_copies_are_detached_from_the_live_tensors(space: dict[str, Any
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core import TrainingSession
+    from prefect_gliner2.training import TrainingSession
 
     torch.set_num_threads(THREADS)
     plan = ManagedTrainingPlan(space["inputs"]["train"], TrainingConfig.from_dict(training_config()), "span")
@@ -280,8 +280,8 @@ def test_a_new_best_while_a_snapshot_waits_keeps_each_checkpoint_its_own_best(
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core import ManagedTraining, TrainingSession
     from prefect_gliner2.session_core.records import load_records
+    from prefect_gliner2.training import ManagedTraining, TrainingSession
 
     torch.set_num_threads(THREADS)
     cfg = training_config(eval_strategy="steps", eval_steps=1, eval_extraction=False, metric_for_best="eval_loss")

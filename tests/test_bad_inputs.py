@@ -17,7 +17,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import (
+from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
+from prefect_gliner2.training import (
     AdapterMismatchError,
     CheckpointError,
     ConfigError,
@@ -30,7 +31,6 @@ from prefect_gliner2.session_core import (
     TrainingSession,
     WeightsError,
 )
-from prefect_gliner2.session_core.manifest import read_manifest, write_manifest
 
 from support.session import eval_records, make_config, make_model, make_plan, run_direct
 

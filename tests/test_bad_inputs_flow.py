@@ -23,7 +23,7 @@ from prefect_gliner2.runtime.errors import RunConflictError, RunKeyError
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import make_inputs

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefect_gliner2.session_core import StateMismatchError, TrainingSession
-from prefect_gliner2.session_core.state import (
+from prefect_gliner2.training import StateMismatchError, TrainingSession
+from prefect_gliner2.training.state import (
     WEIGHTS_DIGEST_PREFIX,
     base_weights,
     same_base_weights,

@@ -16,17 +16,18 @@ import safetensors
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import (
+from prefect_gliner2.session_core import checkpoint as checkpoint_mod
+from prefect_gliner2.session_core.checkpoint import digest as digest_mod
+from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint
+from prefect_gliner2.training import (
     CheckpointDamagedError,
     CheckpointError,
     ManagedTraining,
     SessionStateError,
+    StateMismatchError,
     TrainingSession,
 )
-from prefect_gliner2.session_core import checkpoint as checkpoint_mod
-from prefect_gliner2.session_core.checkpoint import digest as digest_mod
-from prefect_gliner2.session_core.checkpoint import open_checkpoint, read_checkpoint, write_checkpoint
-from prefect_gliner2.session_core.state import read_tensors, write_tensors
+from prefect_gliner2.training.state import read_tensors, write_tensors
 
 from support.session import (
     assert_bitwise_equal,
@@ -353,3 +354,38 @@ def test_hash_threads_follow_the_slot_and_bad_values_are_refused(tmp_path, monke
     for bad in (0, -1, 1.5, True):
         with pytest.raises(CheckpointError, match="hash threads must be a positive int"):
             checkpoint_mod.set_hash_threads(bad)
+
+
+def test_a_checkpoint_naming_the_trainer_by_its_former_name_still_resumes_exactly(tmp_path):
+    """Checkpoints written before the torch layer left session_core name the trainer
+    ``prefect_gliner2.session_core.engine.SessionEngine``: the same trainer, so they restore bitwise; a trainer of
+    another name is still refused."""
+    config = make_config("span", False)
+    plan = make_plan("span", config)
+    session = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    run_direct(session, plan, stop=3)
+    saved = tmp_path / "checkpoint"
+    session.save_state(str(saved))
+    before = snapshot(session)
+    run_direct(session, plan, start=3)  # RNGs are process-global: finish the original before the restore
+    expected = snapshot(session)
+    index_path = saved / "checkpoint.json"
+
+    def named(trainer: str) -> None:
+        index = json.loads(index_path.read_text())
+        assert index["meta"]["compat"]["trainer"] == "prefect_gliner2.training.engine.SessionEngine"
+        index["meta"]["compat"]["trainer"] = trainer
+        index_path.write_text(json.dumps(index, sort_keys=True, indent=1))
+
+    original = index_path.read_text()
+    named("prefect_gliner2.session_core.engine.SessionEngine")
+    resumed = TrainingSession(make_model("span"), config, max_steps=plan.max_steps)
+    resumed.load_state(str(saved))
+    assert_bitwise_equal(snapshot(resumed), before)
+    run_direct(resumed, plan, start=3)
+    assert_bitwise_equal(snapshot(resumed), expected)
+
+    index_path.write_text(original)
+    named("somewhere.else.SessionEngine")
+    with pytest.raises(StateMismatchError, match="trainer"):
+        TrainingSession(make_model("span"), config, max_steps=plan.max_steps).load_state(str(saved))

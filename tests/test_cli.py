@@ -17,7 +17,7 @@ from prefect_gliner2.flows.cli import main
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import ROOT, assert_same_export, make_inputs, reference_export, wait_for_marker
@@ -51,7 +51,7 @@ def _train_args(files: dict[str, str], **overrides: str) -> list[str]:
 def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in [
         ([], "the following arguments are required"),
-        (["train", "--model", "tiny:span"], "required: --train, --config"),
+        (["train", "--model", "tiny:span"], "required: --train\n"),
         (_train_args(files) + ["--checkpoint-every", "-1"], "must be >= 0"),
         (_train_args(files) + ["--batches-per-task", "x"], "must be an integer"),
     ]:
@@ -62,7 +62,7 @@ def test_bad_arguments_exit_2_with_a_clear_message(files: dict[str, str], capsys
     for text, message in [
         ("fp16: false\nbf16: false\nbatch_size: 0\n", "batch_size must be >= 1"),
         ("fp16: false\nbf16: false\nbatch_sise: 2\n", "did you mean 'batch_size'"),
-        ("batch_size: 2\n", "precision must be explicit"),
+        ("bf16: false\nbatch_size: 2\n", "precision must be explicit"),  # half of it: no choice is made for it
     ]:
         bad_config.write_text(text)
         assert main(_train_args(files, **{"--config": str(bad_config)})) == 2
@@ -276,23 +276,85 @@ def test_a_recorded_manifest_is_what_a_run_key_resumes(files: dict[str, str], tm
     assert prepared.run_dir.read_bytes("manifest.json") == prepared.manifest
 
 
+def test_a_run_handed_over_is_what_its_run_key_resumes_in_this_process(
+    files: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """handed_over (the CLI, around its flow run): a resume of that run key alone is answered with the plan in memory
+    and its manifest bytes, no manifest decoded; another model, run key or storage, a conflicting config, a removed
+    manifest and the end of the block are prepared as without it; a different recorded manifest is refused when the
+    run opens, before anything is written."""
+    from prefect_gliner2.runtime.errors import RunConflictError
+    from prefect_gliner2.runtime.prepare import handed_over, prepare_run, record_manifest
+    from prefect_gliner2.runtime.run import RunOptions, open_run
+    from prefect_gliner2.session_core import plan as plan_module
+    from prefect_gliner2.session_core.errors import ConfigError
+
+    decoded = _count_calls(monkeypatch, plan_module, "load_manifest")
+    storage, cfg = str(tmp_path / "runs"), TrainingConfig.from_dict(training_config())
+    prepared = prepare_run("tiny:span", files["train"], files["valid"], cfg, "handed", storage)
+    record_manifest(prepared)
+    with handed_over(prepared):
+        assert prepare_run("tiny:span", None, None, None, "handed", storage) is prepared
+        assert prepare_run("tiny:span", None, None, cfg, "handed", str(tmp_path / "runs/../runs")) is prepared
+        assert decoded == []
+        with pytest.raises(RunConflictError, match="planned with a different config"):
+            prepare_run("tiny:span", None, None, TrainingConfig.from_dict(training_config(seed=99)), "handed", storage)
+        other_model = prepare_run("tiny:boundary", None, None, None, "handed", storage)
+        assert other_model is not prepared and other_model.manifest is None and len(decoded) == 1
+        with pytest.raises(ConfigError, match="has no manifest"):
+            prepare_run("tiny:span", None, None, None, "handed-not", storage)
+        manifest = Path(prepared.run_dir.manifest_uri)
+        recorded = manifest.read_bytes()
+        manifest.unlink()  # gone since it was recorded: refused as without the hand-over
+        with pytest.raises(ConfigError, match="has no manifest"):
+            prepare_run("tiny:span", None, None, None, "handed", storage)
+        other = prepare_run("tiny:span", files["train"], None, cfg, "handed", storage)
+        manifest.write_bytes(other.manifest or b"")  # another plan recorded under the key meanwhile
+        with pytest.raises(RunConflictError, match="already holds a different manifest"):
+            open_run(prepare_run("tiny:span", None, None, None, "handed", storage), RunOptions(lease_wait=0))
+        assert manifest.read_bytes() == other.manifest and not prepared.run_dir.exists("run.json")
+        manifest.write_bytes(recorded)
+    resumed = prepare_run("tiny:span", None, None, None, "handed", storage)
+    assert resumed is not prepared and resumed.manifest is None and len(decoded) == 2
+    assert (resumed.plan.fingerprint, resumed.content_address) == (prepared.plan.fingerprint, prepared.content_address)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[object]:
+    """Record each call of `owner.name` (patched for the test), returning the list the calls are appended to."""
+    calls: list[object] = []
+    original = getattr(owner, name)
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(args[0] if args else None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def test_train_plans_before_the_flow_run_and_the_flow_resumes_that_plan(
     prefect_server: str,  # noqa: F811
     files: dict[str, str],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The CLI plans to report bad input before a flow run exists and records the manifest; the flow run it starts
-    is given the run key, not the data, and trains that plan."""
+    is given the run key, not the data, and trains that plan, handed over in this process: the plan is built once
+    here (from the data) and the manifest decoded by no one here (the worker decodes it, in its process)."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
     from prefect_gliner2.runtime.prepare import prepare_run
+    from prefect_gliner2.session_core import plan as plan_module
 
+    decoded = _count_calls(monkeypatch, plan_module, "load_manifest")
+    built = _count_calls(monkeypatch, ManagedTrainingPlan, "__init__")
     storage = str(tmp_path / "runs")
     argv = _train_args(files, **{"--run-key": "cli-once", "--storage": storage})
     assert main([*argv, "--export", str(tmp_path / "model"), "--cpu-threads", "1", "--json"]) == 0
+    assert (len(decoded), len(built)) == (0, 1)
     summary = json.loads(capsys.readouterr().out)
     planned = prepare_run(
         "tiny:span", files["train"], files["valid"], TrainingConfig.from_file(files["config"]), "x", storage
@@ -323,7 +385,7 @@ def test_a_config_the_run_would_refuse_is_refused_before_anything_is_written(
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    from prefect_gliner2.training.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("evaluate")
     model = save_tiny_model(root / "model", "span", seed=0)
@@ -339,7 +401,7 @@ def test_evaluate_prints_per_label_scores_and_totals(
 
     from prefect_gliner2.session_core.label_order import shuffle_schema
     from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
-    from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
+    from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES
 
     out = os.path.join(scored["root"], "report.json")
     argv = ["evaluate", "--model", scored["model"], "--data", scored["data"], "--threshold", "0.0", "--json", out]

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from prefect_gliner2.flows.cli import main
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A random tiny span model that extracts at threshold 0, and the same weights whose export.json records a
     threshold of 1.0 (it extracts nothing)."""
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    from prefect_gliner2.training.tiny import save_tiny_model
 
     root = tmp_path_factory.mktemp("compare")
     extracts = save_tiny_model(root / "extracts", "span", seed=0)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from prefect_gliner2.flows.params import TrainingSettings
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import ROOT, THREADS, write_jsonl

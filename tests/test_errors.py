@@ -1,11 +1,13 @@
-"""One exception tree: every exception class of the package lives in session_core.errors, drawn in its docstring,
-and each is a stdlib error that pickles with its fields."""
+"""One exception tree: every exception class of the package derives from the bases in session_core.errors, is defined
+in the errors home of the layer that raises it, is drawn (with that layer's mark) in session_core.errors' docstring,
+and is a stdlib error that pickles with its fields."""
 
 from __future__ import annotations
 
 import ast
 import builtins
 import errno
+import importlib
 import pickle
 import re
 from pathlib import Path
@@ -17,8 +19,15 @@ from prefect_gliner2.session_core import errors
 from prefect_gliner2.session_core.errors import PrefectGliner2Error, SessionCoreError, TransientError
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_FOLDERS = ("session_core", "runtime", "tasks", "flows", "model_registry", "deployments")
-ERRORS_FILE = ROOT / "session_core" / "errors.py"
+PACKAGE_FOLDERS = ("session_core", "training", "runtime", "tasks", "flows", "model_registry", "deployments")
+#: Where exception classes may be defined: the file of each layer that raises them, and the mark the drawn tree
+#: gives the classes defined there (none for session_core/errors.py itself).
+ERROR_HOMES = {
+    "session_core/errors.py": None,
+    "runtime/errors.py": "runtime",
+    "model_registry/store.py": "registry",
+    "flows/sweep.py": "flows",
+}
 BUILTIN_ERRORS = {
     name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
 }
@@ -46,10 +55,10 @@ def _exception_classes() -> list[tuple[str, str]]:
     return [(file, name) for file, name, bases in classes if known.intersection(bases)]
 
 
-def _drawn_tree() -> dict[str, tuple[str | None, str | None]]:
-    """The module docstring's tree: class name -> (drawn parent, stdlib base named in parentheses)."""
+def _drawn_tree() -> dict[str, tuple[str | None, str | None, str | None]]:
+    """The module docstring's tree: class name -> (drawn parent, stdlib base named in parentheses, layer mark)."""
     assert errors.__doc__ is not None
-    drawn: dict[str, tuple[str | None, str | None]] = {}
+    drawn: dict[str, tuple[str | None, str | None, str | None]] = {}
     parents: list[str] = []
     for line in errors.__doc__.splitlines():
         match = re.match(r"^    ((?:[│ ]   )*(?:[├└]── )?)([A-Z]\w+)(?: \((\w+)\))?", line)
@@ -57,48 +66,58 @@ def _drawn_tree() -> dict[str, tuple[str | None, str | None]]:
             continue
         depth = len(match.group(1)) // 4
         name, stdlib = match.group(2), match.group(3)
+        mark = re.search(r"\[(\w+)\]\s*$", line)
         assert name not in drawn, f"{name} is drawn twice"
         assert depth <= len(parents), f"{name} is indented below no parent"
         del parents[depth:]
-        drawn[name] = (parents[-1] if parents else None, stdlib)
+        drawn[name] = (parents[-1] if parents else None, stdlib, mark.group(1) if mark else None)
         parents.append(name)
     return drawn
 
 
+def _module_of(home: str) -> object:
+    return importlib.import_module("prefect_gliner2." + home[: -len(".py")].replace("/", "."))
+
+
 def _defined_classes() -> dict[str, type[BaseException]]:
-    return {
-        name: value
-        for name, value in vars(errors).items()
-        if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == errors.__name__
-    }
+    """Every exception class defined in an errors home, by name."""
+    classes: dict[str, type[BaseException]] = {}
+    for home in ERROR_HOMES:
+        module = _module_of(home)
+        for name, value in vars(module).items():
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module.__name__:
+                assert name not in classes, f"{name} is defined twice"
+                classes[name] = value
+    return classes
 
 
 def _instance(cls: type[BaseException]) -> BaseException:
     if issubclass(cls, OSError):
         return cls(errno.ENOSPC, f"{cls.__name__}: no space left")  # type: ignore[call-arg]
-    if cls is errors.WorkerError:
-        return errors.WorkerError("KeyError in session worker pid 1: 'x'", "Traceback ...", remote_type="KeyError")
+    if cls.__name__ == "WorkerError":
+        return cls("KeyError in session worker pid 1: 'x'", "Traceback ...", remote_type="KeyError")
     return cls(f"{cls.__name__} happened")
 
 
-def test_every_exception_class_of_the_package_is_in_errors_py() -> None:
+def test_every_exception_class_of_the_package_is_in_an_errors_home() -> None:
     found = _exception_classes()
     elsewhere = [
         (file, name)
         for file, name in found
-        if Path(file) != ERRORS_FILE.relative_to(ROOT)
-        and not (file.startswith(CLI_PRIVATE[0]) and name in CLI_PRIVATE[1])
+        if file not in ERROR_HOMES and not (file.startswith(CLI_PRIVATE[0]) and name in CLI_PRIVATE[1])
     ]
-    assert elsewhere == [], f"exception classes outside session_core/errors.py: {elsewhere}; define them there"
-    in_errors = sorted(name for file, name in found if Path(file) == ERRORS_FILE.relative_to(ROOT))
-    assert in_errors == sorted(_defined_classes()) and len(in_errors) >= 24
+    assert elsewhere == [], f"exception classes outside {sorted(ERROR_HOMES)}: {elsewhere}; define them there"
+    in_homes = sorted(name for file, name in found if file in ERROR_HOMES)
+    assert in_homes == sorted(_defined_classes()) and len(in_homes) >= 24
 
 
 def test_the_drawn_tree_is_the_class_tree() -> None:
     drawn, defined = _drawn_tree(), _defined_classes()
-    assert sorted(drawn) == sorted(defined), "the docstring draws exactly the classes errors.py defines"
-    for name, (parent, stdlib) in drawn.items():
+    assert sorted(drawn) == sorted(defined), "the docstring draws exactly the classes the errors homes define"
+    for name, (parent, stdlib, mark) in drawn.items():
         cls = defined[name]
+        home = next(h for h in ERROR_HOMES if _module_of(h).__name__ == cls.__module__)
+        assert mark == ERROR_HOMES[home], f"{name} is defined in {home} but drawn with the mark [{mark}]"
         ours = [base for base in cls.__bases__ if issubclass(base, PrefectGliner2Error)]
         if parent is None:
             assert cls is PrefectGliner2Error
@@ -132,23 +151,25 @@ def test_each_error_pickles_with_its_fields(name: str) -> None:
     assert copy.__dict__ == original.__dict__
 
 
-def test_old_import_locations_still_name_the_same_classes() -> None:
-    from prefect_gliner2 import model_registry
-    from prefect_gliner2.runtime import errors as runtime_errors
-
-    for name in runtime_errors.__all__:
-        value = getattr(runtime_errors, name)
-        if isinstance(value, type):
-            assert value is getattr(errors, name), name
-    assert model_registry.RegistryError is errors.RegistryError
-
-
 def test_the_public_api_exports_errors_from_the_tree() -> None:
     import prefect_gliner2
     import prefect_gliner2.session_core as session_core
+    import prefect_gliner2.training as training
+    from prefect_gliner2 import model_registry
 
-    for package in (prefect_gliner2, session_core):
+    defined = _defined_classes()
+    assert model_registry.RegistryError is defined["RegistryError"]
+    for package in (prefect_gliner2, session_core, training):
         exported = [name for name in package.__all__ if name.endswith(("Error", "Died"))]
         assert "PrefectGliner2Error" in exported and "SessionCoreError" in exported
         for name in exported:
-            assert getattr(package, name) is getattr(errors, name), (package.__name__, name)
+            assert getattr(package, name) is defined[name], (package.__name__, name)
+
+
+def test_every_home_of_a_deterministic_error_is_rebuilt_across_the_worker_pipe() -> None:
+    """A SessionCoreError raised in the session worker reaches the client as itself (never retried) only when its
+    module is one the protocol rebuilds from; otherwise it would arrive as a (transient) WorkerError."""
+    from prefect_gliner2.runtime.protocol import REMOTE_ERROR_MODULES
+
+    homes = {cls.__module__ for cls in _defined_classes().values() if issubclass(cls, SessionCoreError)}
+    assert homes <= set(REMOTE_ERROR_MODULES), homes - set(REMOTE_ERROR_MODULES)

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefect_gliner2.session_core import ManagedTraining, TrainingSession
-from prefect_gliner2.session_core.evaluation import model_extractor, score_extraction
+from prefect_gliner2.session_core.evaluation import score_extraction
 from prefect_gliner2.session_core.pairs import to_pairs
 from prefect_gliner2.session_core.thresholds import describe, fixed, read_thresholds
-from prefect_gliner2.session_core.weights import load_exported_model
+from prefect_gliner2.training import ManagedTraining, TrainingSession
+from prefect_gliner2.training.inference import model_extractor
+from prefect_gliner2.training.weights import load_exported_model
 
 from support.session import eval_records, make_config, make_model, make_plan, snapshot
 
@@ -69,7 +70,7 @@ def test_no_validation_extraction_records_no_thresholds(tmp_path):
 def test_evaluate_uses_the_recorded_thresholds_unless_one_is_passed(tmp_path, capsys):
     from prefect_gliner2.flows.cli import main
     from prefect_gliner2.session_core.thresholds import Thresholds
-    from prefect_gliner2.session_core.tiny import save_tiny_model, tiny_records
+    from prefect_gliner2.training.tiny import save_tiny_model, tiny_records
 
     model = save_tiny_model(tmp_path / "model", "span", seed=0)
     recorded = Thresholds(threshold=0.0, entities={"city": 1.0}, fitted=True, details={"records": 6, "f1": 0.5})

@@ -25,7 +25,7 @@ from prefect_gliner2.runtime.model_sources import tiny_model_dir
 from prefect_gliner2.session_core.errors import ConfigError, RecordError
 from prefect_gliner2.session_core.layout import EXPORT_MARKER_FILE
 from prefect_gliner2.session_core.thresholds import Thresholds
-from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
+from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES, tiny_records
 
 from support.flow import FAULT_SITE, ROOT, TESTS, installed_faults, wait_for_marker
 from support.processes import kill9
@@ -192,7 +192,7 @@ def test_fitted_thresholds_by_default_an_explicit_one_replaces_them_and_long_tex
     from gliner2.inference.chunking import split_text_into_chunks
     from gliner2.processing.word_splitter import word_splitter_from
 
-    from prefect_gliner2.session_core.weights import load_exported_model
+    from prefect_gliner2.training.weights import load_exported_model
 
     model = load_exported_model(space["export"])
     fitted = Thresholds.from_dict(FITTED)

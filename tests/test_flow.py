@@ -22,8 +22,8 @@ from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, layout
 from prefect_gliner2.session_core.scoring import Counts, DatasetSchema, score_records
-from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
 from prefect_gliner2.tasks import checkpoints as checkpoint_tasks
+from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES, tiny_records
 
 from support.config import training_config
 from support.flow import assert_same_export, installed_faults, make_space, reference_export, run_flow
@@ -71,6 +71,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     adopted: list[Any] = []  # the spare worker train_flow starts ahead is the process its run's worker uses
     take = worker_module.take_spare
     monkeypatch.setattr(worker_module, "take_spare", lambda: adopted.append(take()) or adopted[-1])
+    started = _spares_started_by_the_call(monkeypatch)
     storage = space["root"] / "runs"
     summary = run_flow(
         model=space["span"],
@@ -86,6 +87,7 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     assert_same_export(summary["export"], reference)
     assert summary["label"] == "best" and summary["total_steps"] == 6 and summary["worker_starts"] == 1
     assert len(adopted) == 1 and adopted[0] is not None and spare.spare_pid() is None
+    assert started == [(False, adopted[0][0].pid)]  # the call started it, before Prefect created the flow run
     run = storage / "span-full"
     names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name != layout.BLOB_DIR)
     assert names == [
@@ -122,6 +124,26 @@ def test_span_full_run_matches_direct_run_and_reports(space: dict[str, Any], mon
     assert again["worker_starts"] == 0 and again["export"] == summary["export"]  # complete: nothing to do
     assert len(adopted) == 1
     assert_no_spare_left()  # its spare was killed unused
+
+
+def _spares_started_by_the_call(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int | None]]:
+    """Each spare worker a call of train_flow starts (``flows.spare_first``): (whether a flow run existed then,
+    the spare's pid)."""
+    from prefect.context import FlowRunContext
+
+    from prefect_gliner2.flows import spare_first
+
+    started: list[tuple[bool, int | None]] = []
+    prestart = spare_first.prestart_worker
+
+    def recorded() -> bool:
+        inside = FlowRunContext.get() is not None
+        result = prestart()
+        started.append((inside, spare.spare_pid()))
+        return result
+
+    monkeypatch.setattr(spare_first, "prestart_worker", recorded)
+    return started
 
 
 def _assert_ui(flow_run_id: str) -> None:

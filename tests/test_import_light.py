@@ -97,7 +97,7 @@ def test_the_run_lifecycle_and_the_cli_import_no_heavy_modules() -> None:
         assert _heavy_after_import(module) == "[]", module
 
 
-PACKAGE_FOLDERS = ("session_core", "runtime", "tasks", "flows", "model_registry", "deployments")
+PACKAGE_FOLDERS = ("session_core", "training", "runtime", "tasks", "flows", "model_registry", "deployments")
 
 
 def test_folders_refuse_their_bare_names_from_a_checkout() -> None:

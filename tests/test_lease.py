@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from prefect_gliner2.runtime.errors import RunLockedError
 from prefect_gliner2.runtime.lease import CLAIMS_DIR, RunLease
 from prefect_gliner2.runtime.rundir import RunDirectory
-from prefect_gliner2.session_core.errors import RunLockedError
 
 from support.processes import pid_gone
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from prefect_gliner2.runtime.errors import LeaseUnreadableError, RunLockedError
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.rundir import RunDirectory
-from prefect_gliner2.session_core.errors import LeaseUnreadableError, RunLockedError
 
 from support.flow import ROOT
 
@@ -107,7 +107,7 @@ def test_an_unreadable_lease_is_an_error_never_free(s3_bucket: str) -> None:
 
 RACER = """
 import json, pathlib, sys, time
-from prefect_gliner2.session_core.errors import RunLockedError
+from prefect_gliner2.runtime.errors import RunLockedError
 from prefect_gliner2.runtime.lease import RunLease
 from prefect_gliner2.runtime.rundir import RunDirectory
 storage, sync, trials, name = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -9,17 +9,17 @@ import pytest
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import (
+from prefect_gliner2.session_core.label_order import shuffle_schema
+from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, SCORE_KEYS
+from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
+from prefect_gliner2.training import (
     ConfigError,
     ManagedTraining,
     PlanMismatchError,
     SessionStateError,
     TrainingSession,
 )
-from prefect_gliner2.session_core.label_order import shuffle_schema
-from prefect_gliner2.session_core.metrics import EXTRACTION_KEYS, SCORE_KEYS
-from prefect_gliner2.session_core.scoring import DatasetSchema, score_records
-from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES
+from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES
 
 from support.session import (
     CASE_IDS,

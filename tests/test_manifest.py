@@ -20,7 +20,6 @@ from prefect_gliner2.session_core.manifest import (
     LoadedManifest,
     content_address,
     dumps_manifest,
-    load_manifest,
     read_manifest,
     write_manifest,
 )
@@ -126,7 +125,10 @@ def test_round_trip_through_a_local_file_is_owner_only_and_atomic(tmp_path: os.P
     _assert_same_plan(loaded_plan, plan)
     assert len(evals) == 0
     write_manifest(plan.manifest_bytes(_records(1)), target)  # overwrite with streamed bytes
-    assert len(load_manifest(target).eval_records) == 1 and stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    assert (
+        len(ManagedTrainingPlan.from_manifest(target).eval_records) == 1
+        and stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    )
 
 
 def test_round_trip_through_an_fsspec_url() -> None:

@@ -17,7 +17,7 @@ from prefect_gliner2.runtime.model_init import check_encoder, init_model
 from prefect_gliner2.runtime.preflight import PROBE_RECORDS, check_count_head, probe_count_head
 from prefect_gliner2.session_core.errors import ConfigError, DeadCountHeadError
 from prefect_gliner2.session_core.run_warnings import ZERO_F1, run_warnings
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import write_jsonl
@@ -153,8 +153,9 @@ def test_the_init_model_span_model_learns_to_extract(built: dict[str, Any], rest
     "above 0" would prove nothing)."""
     from gliner2 import AutoExtractor
 
-    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.evaluation import model_extractor, score_extraction
+    from prefect_gliner2.session_core.evaluation import score_extraction
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.training.inference import model_extractor
 
     config = TrainingConfig(**training_config(**LEARN_CONFIG))
     plan = ManagedTrainingPlan(tiny_records(24, seed=1), config, architecture="span")  # 18 updates

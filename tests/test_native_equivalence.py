@@ -14,8 +14,8 @@ import torch
 from gliner2.training.trainer import ExtractorCollator, ExtractorDataset, ExtractorTrainer
 from gliner2.training.trainer import TrainingConfig as NativeConfig
 
-from prefect_gliner2.session_core import TrainingSession
-from prefect_gliner2.session_core.engine import configure_sampling, private_python_rng
+from prefect_gliner2.training import TrainingSession
+from prefect_gliner2.training.engine import configure_sampling, private_python_rng
 
 from support.session import CASE_IDS, CASES, make_config, make_model, make_plan, run_direct, train_records
 

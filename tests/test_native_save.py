@@ -15,13 +15,14 @@ import safetensors.torch
 import torch
 
 import prefect_gliner2.session_core.commits as commits
-import prefect_gliner2.session_core.weights as weights
-from prefect_gliner2.session_core import ManagedTraining, TrainingSession, direct_io
+import prefect_gliner2.training.weights as weights
+from prefect_gliner2.session_core import direct_io
 from prefect_gliner2.session_core.checkpoint import read_checkpoint
 from prefect_gliner2.session_core.layout import MODEL_WEIGHTS_FILE, WEIGHTS_FILE
-from prefect_gliner2.session_core.native_save import SameBytes, checkpoint_weights_file, weights_written_direct
-from prefect_gliner2.session_core.state import SAFETENSORS_RANK, file_tensors_digest, tensors_digest, write_tensors
-from prefect_gliner2.session_core.weights import load_exported_model
+from prefect_gliner2.training import ManagedTraining, TrainingSession
+from prefect_gliner2.training.native_save import SameBytes, checkpoint_weights_file, weights_written_direct
+from prefect_gliner2.training.state import SAFETENSORS_RANK, file_tensors_digest, tensors_digest, write_tensors
+from prefect_gliner2.training.weights import load_exported_model
 
 from support.session import make_config, make_model, make_plan, run_direct
 

@@ -104,7 +104,7 @@ def test_loading_an_s3_export_leaves_no_temporary_copy(
     import fsspec
     import torch
 
-    from prefect_gliner2.session_core import load_exported_model
+    from prefect_gliner2.training import load_exported_model
 
     local = reference_export(space["span"], space["inputs"], training_config(), space["root"] / "ref-span")
     fs, _ = fsspec.core.url_to_fs(s3_bucket)

@@ -25,7 +25,7 @@ from prefect_gliner2.runtime.extract import ExtractSettings, prepare_job, run_ch
 from prefect_gliner2.runtime.onnx_publish import check_onnx, export_onnx
 from prefect_gliner2.session_core.errors import ConfigError, ParityError
 from prefect_gliner2.session_core.layout import ONNX_EXPORT_FILE
-from prefect_gliner2.session_core.tiny import TINY_ENTITY_TYPES, tiny_records
+from prefect_gliner2.training.tiny import TINY_ENTITY_TYPES, tiny_records
 
 from support.flow import write_jsonl
 
@@ -38,8 +38,8 @@ def sharp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny span model trained by the product (304 updates in this process, about 8 s of CPU) and exported with
     thresholds fitted on its validation records and its schema; gold records; texts to extract (one long); and its
     ONNX export (fp32, int8) through the CLI."""
-    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
-    from prefect_gliner2.session_core.tiny import build_tiny_model
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
+    from prefect_gliner2.training.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("onnx")
     config = TrainingConfig(**TRAIN)
@@ -169,7 +169,7 @@ def test_a_tiny_model_export_loads_and_matches_the_runtime_called_directly(sharp
 def test_the_gate_refuses_a_damaged_export_with_its_figures(
     sharp: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import prefect_gliner2.session_core.onnx_export as onnx_export
+    import prefect_gliner2.training.onnx_export as onnx_export
 
     assert [r.passed for r in check_onnx(sharp["onnx"], sharp["model"], sharp["golden"])] == [True, True, True]
     damaged = sharp["root"] / "damaged"

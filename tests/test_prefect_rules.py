@@ -1,5 +1,5 @@
 """The Prefect server rules the run reporting and the sweep rely on, asserted on the shared loopback server with
-plain flow runs (no flow executes): the tests that fail first when a Prefect release changes them (README:
+plain flow runs (no flow executes): the tests that fail first when a Prefect release changes them (docs/architecture.md:
 "Prefect internals we touch"; pyproject.toml admits only the Prefect versions these pass on).
 
 - A position message (a Running state proposed with the run marked ``resuming``) shows the message, keeps
@@ -19,7 +19,7 @@ from uuid import UUID
 
 import pytest
 
-from prefect_gliner2.flows.prefect_ui import propose_running_message, set_running_message
+from prefect_gliner2.flows.prefect_compat import propose_running_message, set_running_message
 from prefect_gliner2.flows.sweep import retry_point
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

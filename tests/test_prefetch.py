@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from prefect_gliner2.session_core import CheckpointDamagedError, ManagedTraining, TrainingSession, layout
+from prefect_gliner2.session_core import layout
 from prefect_gliner2.session_core.checkpoint import discard_prefetch, open_checkpoint, read_checkpoint, reader
 from prefect_gliner2.session_core.checkpoint.format import INDEX_FILE
-from prefect_gliner2.session_core.session_checkpoint import PREFETCHED_FILES, prefetch_state
+from prefect_gliner2.training import CheckpointDamagedError, ManagedTraining, TrainingSession
+from prefect_gliner2.training.session_checkpoint import PREFETCHED_FILES, prefetch_state
 
 from support.pagecache import cached_files, cached_pages, read_through_cache
 from support.session import (

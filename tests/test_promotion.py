@@ -18,6 +18,7 @@ from prefect_gliner2.session_core.promotion import (
     ScoredSet,
     decide_promotion,
 )
+from prefect_gliner2.session_core.promotion_report import decision_markdown, decision_text
 from prefect_gliner2.session_core.record_counts import RecordCounts
 from prefect_gliner2.session_core.scoring import Counts, score_records
 
@@ -179,7 +180,7 @@ def test_the_decision_round_trips_through_json_and_renders_for_people():
     decision = decide_promotion(test, guard=guard, rule=PromotionRule(resamples=500, confidence=0.9))
     as_json = json.loads(json.dumps(decision.to_dict()))
     assert PromotionDecision.from_dict(as_json) == decision and as_json["verdict"] == "rejected"
-    markdown, text = decision.to_markdown(), decision.to_text()
+    markdown, text = decision_markdown(decision), decision_text(decision)
     for rendered in (markdown, text):
         assert (
             "rejected" in rendered and "test_data (300 records)" in rendered and "guard_data (40 records)" in rendered

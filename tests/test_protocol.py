@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prefect_gliner2.runtime import faults, protocol
-from prefect_gliner2.runtime.errors import is_transient
+from prefect_gliner2.runtime.errors import RunLockedError, StorageFullError, WorkerError, is_transient
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.protocol import (
     Advance,
@@ -29,14 +29,7 @@ from prefect_gliner2.runtime.protocol import (
 )
 from prefect_gliner2.runtime.session_runner import HANDLERS, SessionRunner
 from prefect_gliner2.session_core.checkpoint import read_checkpoint, write_checkpoint
-from prefect_gliner2.session_core.errors import (
-    CheckpointError,
-    ConfigError,
-    RunLockedError,
-    SessionCoreError,
-    StorageFullError,
-    WorkerError,
-)
+from prefect_gliner2.session_core.errors import CheckpointError, ConfigError, SessionCoreError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,14 +162,18 @@ def test_before_commit_runs_once_the_files_are_written_and_a_failure_commits_not
 
 
 def test_every_error_class_of_ours_survives_the_pipe() -> None:
-    from prefect_gliner2.session_core import errors as core_errors
+    import importlib
 
+    from prefect_gliner2.runtime.protocol import REMOTE_ERROR_MODULES
+
+    homes = [importlib.import_module(name) for name in REMOTE_ERROR_MODULES]
     classes = [
         cls
-        for cls in vars(core_errors).values()
-        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == core_errors.__name__
+        for home in homes
+        for cls in vars(home).values()
+        if isinstance(cls, type) and issubclass(cls, SessionCoreError) and cls.__module__ == home.__name__
     ]
-    assert len(classes) >= 15
+    assert len(classes) >= 20 and {c.__name__ for c in classes} >= {"RunLockedError", "StorageFullError"}
     for cls in classes:
         original = cls(errno.EROFS, "read-only") if issubclass(cls, OSError) else cls(f"{cls.__name__} happened")
         rebuilt = _through_the_pipe(original)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefect_gliner2.session_core import SessionStateError, TrainingNumericsError, TrainingSession
+from prefect_gliner2.training import SessionStateError, TrainingNumericsError, TrainingSession
 
 from support.session import assert_bitwise_equal, new_session, run_direct, run_queued, snapshot
 

@@ -119,11 +119,11 @@ def test_key_order_inside_a_record_is_kept_and_hashed() -> None:
 def test_real_gliner2_input_example_with_every_task_kind() -> None:
     from gliner2.training.data import ChoiceField, Classification, Relation, Structure
 
-    import prefect_gliner2.session_core
-    from prefect_gliner2.session_core import InputExample  # gliner2's own class, re-exported lazily
+    import prefect_gliner2.training
+    from prefect_gliner2.training import InputExample  # gliner2's own class, re-exported lazily
 
     assert InputExample is __import__("gliner2.training", fromlist=["InputExample"]).InputExample
-    assert "InputExample" in prefect_gliner2.session_core.__all__
+    assert "InputExample" in prefect_gliner2.training.__all__
 
     example = InputExample(
         text=TEXT,

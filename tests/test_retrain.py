@@ -15,7 +15,7 @@ from prefect_gliner2.flows.params import TrainingSettings
 from prefect_gliner2.flows.retrain import data_fingerprint, inputs_fingerprint, retrain_flow
 from prefect_gliner2.model_registry import ModelRegistry
 from prefect_gliner2.runtime.errors import RunConflictError
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 from support.flow import THREADS, write_jsonl
@@ -202,7 +202,7 @@ def _retrain_markdown() -> str:
 def test_a_relative_registry_root_is_stored_and_reported_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    from prefect_gliner2.training.tiny import save_tiny_model
 
     monkeypatch.chdir(tmp_path)
     save_tiny_model(tmp_path / "model", "span", seed=3)

@@ -21,7 +21,7 @@ from prefect_gliner2.runtime.schedule import (
     units,
 )
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.tiny import tiny_records
+from prefect_gliner2.training.tiny import tiny_records
 
 from support.config import training_config
 

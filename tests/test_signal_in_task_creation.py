@@ -1,14 +1,13 @@
 """A SIGTERM that arrives while Prefect creates a task run still ends the flow run CRASHED, and the run resumes exactly.
 
-Prefect 3.9's task engine handles a ``TerminationSignal`` raised while it creates a task run as a crash of a task
-run it has not created yet, and its crash handler raises ``ValueError("Task run is not set")`` in its place: without
-``flows.context.interrupts_surface`` the flow run ends FAILED and the console script exits with 1 instead of 143 (a
-CI run of ``test_interrupts.py`` hit exactly that window). Here the window is hit on purpose: the test wraps Prefect's
-``prefect.task_engine._create_task_run_locally`` (a test-only patch of an internal) so that it sends this process a
-real SIGTERM as it creates the second checkpoint task run; Prefect's own flow-run SIGTERM handler then raises inside
-the task engine's creation step (and once the flow run is recorded, sends it again to the handler it replaced: here
-one that only records it, so that it does not end the pytest process).
-"""
+Prefect 3.9's task engine handles a ``TerminationSignal`` raised while it creates a task run as a crash of a task run it
+has not created yet, and its crash handler raises ``ValueError("Task run is not set")`` in its place: without
+``flows.prefect_compat.interrupts_surface`` the flow run ends FAILED and the console script exits with 1 instead of 143
+(a CI run of ``test_interrupts.py`` hit exactly that window). Here the window is hit on purpose: the test wraps
+Prefect's ``prefect.task_engine._create_task_run_locally`` (a test-only patch of an internal) so that it sends this
+process a real SIGTERM as it creates the second checkpoint task run; Prefect's own flow-run SIGTERM handler then raises
+inside the task engine's creation step (and once the flow run is recorded, sends it again to the handler it replaced:
+here one that only records it, so that it does not end the pytest process)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from prefect_gliner2.flows.cli.interrupts import exit_status
-from prefect_gliner2.flows.context import interrupt_behind
+from prefect_gliner2.flows.prefect_compat import interrupt_behind
 
 from support.config import training_config
 from support.flow import assert_same_export, make_inputs, reference_export, tiny_model_dir, with_threads
@@ -42,7 +41,7 @@ def test_sigterm_while_a_task_run_is_created_crashes_the_flow_run_and_resumes_ex
     import prefect.task_engine
     from prefect.exceptions import TerminationSignal
 
-    from prefect_gliner2.flows.context import flow_run_id
+    from prefect_gliner2.flows.prefect_compat import flow_run_id
     from prefect_gliner2.flows.train import train_flow
 
     space = {"inputs": make_inputs(tmp_path / "data"), "span": tiny_model_dir(tmp_path, "span")}

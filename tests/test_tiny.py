@@ -1,4 +1,4 @@
-"""Tiny offline GLiNER2 builders (prefect_gliner2.session_core.tiny): determinism, native loading, native training,
+"""Tiny offline GLiNER2 builders (prefect_gliner2.training.tiny): determinism, native loading, native training,
 inference."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_gliner2.session_core.tiny import (
+from prefect_gliner2.training.tiny import (
     BENCH_MODEL_SIZE,
     GLINER2_BASE_SIZE,
     GLINER2_SPECIAL_TOKENS,
@@ -186,8 +186,8 @@ def test_importing_tiny_stays_torch_free():
     # A fresh process: the package and every module in it load their heavy dependencies only when building.
     code = (
         "import sys\n"
-        "import prefect_gliner2.session_core.tiny as t\n"
-        "from prefect_gliner2.session_core.tiny import data, encoder, models, tokenizer\n"
+        "import prefect_gliner2.training.tiny as t\n"
+        "from prefect_gliner2.training.tiny import data, encoder, models, tokenizer\n"
         "assert t.tiny_records(3) and len(t.tiny_vocab()) > 200\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'gliner2', 'tokenizers', 'numpy') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
@@ -457,8 +457,8 @@ def test_span_count_head_is_pinned_to_one_and_boundary_is_untouched(tmp_path, of
 
 def test_trained_tiny_span_model_extracts_only_with_a_count_above_zero(offline, restore_globals):
     """gliner2 trains no count loss for entities; its inference extracts a label only when the count head says > 0."""
-    from prefect_gliner2.session_core import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
     from prefect_gliner2.session_core.scoring import score_records
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
 
     model = build_tiny_model("span", seed=0)
     config = TrainingConfig(

@@ -12,7 +12,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import (
+from prefect_gliner2.training import (
     AdapterMismatchError,
     CheckpointError,
     ConfigError,
@@ -560,7 +560,7 @@ def test_every_task_kind_trains_and_continues_exactly(arch, lora, tmp_path):
 @pytest.mark.parametrize(("arch", "lora"), CASES, ids=CASE_IDS)
 def test_a_deberta_v2_encoder_trains_and_continues_exactly(arch, lora, tmp_path):
     """The released GLiNER2 models use DeBERTa-v2 encoders (relative attention): same exactness as the BERT ones."""
-    from prefect_gliner2.session_core.tiny import build_tiny_model
+    from prefect_gliner2.training.tiny import build_tiny_model
 
     def model():
         return build_tiny_model(arch, seed=3, dropout=0.1, num_layers=2, encoder="deberta-v2")

@@ -15,7 +15,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import TrainingSession
+from prefect_gliner2.training import TrainingSession
 
 from support.session import (
     assert_bitwise_equal,

@@ -7,9 +7,9 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from prefect_gliner2.session_core import TrainingSession
 from prefect_gliner2.session_core.layout import MODEL_WEIGHTS_FILE
-from prefect_gliner2.session_core.state import file_tensors_digest, tensors_digest
+from prefect_gliner2.training import TrainingSession
+from prefect_gliner2.training.state import file_tensors_digest, tensors_digest
 
 from support.session import make_config, make_model, make_plan, run_direct
 

@@ -13,19 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from prefect_gliner2.runtime.errors import is_transient
+from prefect_gliner2.runtime.errors import StorageFullError, WorkerDied, WorkerError, is_transient
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Export, Status, Validate
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
-from prefect_gliner2.session_core.errors import (
-    CheckpointError,
-    ConfigError,
-    StorageFullError,
-    WorkerDied,
-    WorkerError,
-)
+from prefect_gliner2.session_core.errors import CheckpointError, ConfigError
 
 from support.config import training_config
 from support.flow import (
@@ -134,7 +128,7 @@ def test_an_export_at_the_last_checkpoints_step_shares_its_weights_file(run: dic
     import json
 
     from prefect_gliner2.session_core.checkpoint import read_checkpoint
-    from prefect_gliner2.session_core.state import file_tensors_digest
+    from prefect_gliner2.training.state import file_tensors_digest
 
     plan = ManagedTrainingPlan(run["train"], TrainingConfig.from_dict(training_config()), architecture="span")
     checkpoint = str(tmp_path / "last")
@@ -281,7 +275,7 @@ def test_worker_exits_when_its_parent_dies(run: dict[str, str], how: str) -> Non
 
 def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path: Path) -> None:
     """New adapters over a full model's weights: a restart must rebuild that base, or the base hash check refuses."""
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    from prefect_gliner2.training.tiny import save_tiny_model
 
     inputs = make_inputs(tmp_path / "data")
     cfg = training_config(use_lora=True, lora_r=4, lora_alpha=8.0)

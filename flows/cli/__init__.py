@@ -1,18 +1,23 @@
 """Console script ``prefect-gliner2``: train, plan, demo and evaluate from a terminal; one module per command.
 
-    prefect-gliner2 train --model DIR_OR_ID --train FILE --valid FILE --config FILE --run-key KEY \\
-                          --storage DIR_OR_URL --export DIR
+    prefect-gliner2 train --model DIR_OR_ID --train FILE [--valid FILE] [--config FILE] [--format FORMAT] \\
+                          [--run-key KEY] [--storage DIR_OR_URL] [--export DIR]
+    prefect-gliner2 convert IN... --from FORMAT --out OUT.jsonl
     prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
     prefect-gliner2 demo  [--dir DIR]
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
-    prefect-gliner2 extract --model DIR_OR_REGISTRY --data IN.jsonl --out OUT.jsonl [--labels A,B] [--threshold T]
+    prefect-gliner2 extract --model DIR_OR_REGISTRY --data IN.jsonl --out OUT [--labels A,B] [--threshold T] \\
+                            [--format jsonl|label-studio|spacy|conll|doccano|spacy-jsonl]
     prefect-gliner2 init-model --encoder DIR_OR_ID --architecture span|boundary --out DIR
     prefect-gliner2 compare --a MODEL --b MODEL --data FILE [--guard FILE] [--json OUT]
     prefect-gliner2 export --model MODEL --format onnx [--precision fp32 int8] --data GOLD --out DIR [--check]
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else a local server the command starts and stops (``server``).
-Re-running the same command after a crash resumes exactly. Bad arguments exit with status 2 and a message saying
+Re-running the same command after a crash resumes exactly. Data files may be in any annotation format (CoNLL/BIO,
+spaCy DocBin or JSONL, Label Studio, doccano: ``--format``, detected by default), and without ``--config`` the
+documented defaults train, with the precision chosen for the device and said in the first line; ``convert`` writes
+the records such files hold (``session_core.formats``). Bad arguments exit with status 2 and a message saying
 what to fix; a failed run exits with 1; Ctrl-C or SIGTERM records the run as crashed and exits with 130 or 143
 and the resume hint (``interrupts``). ``evaluate`` scores a model's extractions on gold records (per-label
 precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in this process.
@@ -33,7 +38,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from prefect_gliner2.flows.cli import compare, demo, evaluate, export, extract, init_model, plan, train
+from prefect_gliner2.flows.cli import compare, convert, demo, evaluate, export, extract, init_model, plan, train
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.flows.cli.interrupts import exit_now, exit_status, handling_signals, report_interrupt
 from prefect_gliner2.flows.cli.server import LocalServerError
@@ -43,7 +48,7 @@ __all__ = ["COMMANDS", "INTERRUPTED", "USAGE_ERROR", "console_main", "main"]
 
 USAGE_ERROR = 2
 INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
-COMMANDS = (train, plan, demo, evaluate, compare, extract, export, init_model)
+COMMANDS = (train, convert, plan, demo, evaluate, compare, extract, export, init_model)
 
 
 def console_main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
+
+from prefect_gliner2.flows.cli.format_args import format_arguments, read_files
 
 __all__ = [
     "UsageError",
@@ -24,11 +27,17 @@ class UsageError(Exception):
 
 
 def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
-    """--model, --train (repeatable), --valid (repeatable) and --config."""
+    """--model, --train (repeatable), --valid (repeatable), --config, and the data format arguments."""
     parser.add_argument("--model", required=True, help="model directory, Hugging Face id, or tiny:span / tiny:boundary")
-    parser.add_argument("--train", required=True, action="append", help="training JSONL path or URL (repeatable)")
-    parser.add_argument("--valid", action="append", help="validation JSONL path or URL (repeatable)")
-    parser.add_argument("--config", required=config_required, help="TrainingConfig fields as a JSON or YAML file")
+    parser.add_argument(
+        "--train", required=True, action="append", help="training data path or URL, in any --format (repeatable)"
+    )
+    parser.add_argument("--valid", action="append", help="validation data path or URL, in any --format (repeatable)")
+    config_help = "TrainingConfig fields as a JSON or YAML file"
+    if not config_required:
+        config_help += " (default: the documented defaults; precision chosen for the device when the file names none)"
+    parser.add_argument("--config", required=config_required, help=config_help)
+    format_arguments(parser)
 
 
 def non_negative(text: str) -> int:
@@ -73,23 +82,28 @@ def one(paths: list[str] | None) -> str | list[str] | None:
     return paths[0] if paths and len(paths) == 1 else paths
 
 
-def inputs(args: Any) -> tuple[Any, list[str], list[str] | None]:
-    """Check the model, data files and config before anything starts; returns (config, train, valid)."""
+def inputs(args: Any) -> tuple[Any, Any, Any]:
+    """Check the model, config and data files before anything starts; returns (config, train, valid) as the
+    planner takes them (a path, a list of paths, None, or the records converted from another format). Without
+    --config (or with one that names no precision) the first line printed says which precision was chosen."""
     import fsspec
 
+    from prefect_gliner2.flows.cli.first_run import training_config
     from prefect_gliner2.runtime.model_sources import check_model_source
-    from prefect_gliner2.session_core import TrainingConfig
 
     check_model_source(args.model)
     for role, paths in (("training", args.train), ("validation", args.valid or [])):
         for path in paths:
             fs, local = fsspec.core.url_to_fs(path)
             if not fs.exists(local):
-                raise UsageError(f"{role} data {path!r} does not exist; pass a JSONL file path or URL")
-    config = TrainingConfig.from_file(args.config)
+                raise UsageError(f"{role} data {path!r} does not exist; pass a data file path or URL")
+    config, chosen = training_config(args.config, getattr(args, "device", None))
+    if chosen:
+        print(f"prefect-gliner2 {args.command}: {chosen}", file=sys.stderr)
     if getattr(args, "storage", None):
         check_storage(args.storage)
-    return config, args.train, args.valid
+    train, valid = read_files(args.train, args, "training"), read_files(args.valid, args, "validation")
+    return config, one(train) if isinstance(train, list) else train, one(valid) if isinstance(valid, list) else valid
 
 
 def check_storage(storage: str) -> None:

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from prefect_gliner2.flows.cli.args import UsageError, positive, threshold
+from prefect_gliner2.session_core.promotion_report import decision_text
 from prefect_gliner2.session_core.promotion_rule import PromotionRule
 
 __all__ = ["add_parser", "run"]
@@ -71,7 +72,7 @@ def run(args: Any) -> int:
         models, data, seed=args.seed, fallback_threshold=args.threshold, batch_size=args.batch_size
     )
     decision = decide_from_scores(scores, rule, test=DATA, guard=GUARD if args.guard else None)
-    print(_header(args, scores[DATA]) + decision.to_text(), end="")
+    print(_header(args, scores[DATA]) + decision_text(decision), end="")
     if args.json_out:
         from prefect_gliner2.runtime.compare import metrics_only
 

@@ -84,7 +84,8 @@ def _thresholds(source: str, explicit: float | None) -> tuple[Any, str]:
 def _score_model(
     source: str, pairs: list[Any], *, threshold: Any, batch_size: int, seed: int, orders: int
 ) -> tuple[Any, dict[str, float]]:
-    from prefect_gliner2.session_core.evaluation import model_extractor, order_robustness
+    from prefect_gliner2.session_core.evaluation import order_robustness
+    from prefect_gliner2.training.inference import model_extractor
 
     model = _load_for_evaluation(source)
     extract = model_extractor(model, threshold=threshold, batch_size=batch_size)
@@ -93,7 +94,7 @@ def _score_model(
 
 def _load_for_evaluation(source: str) -> Any:
     from prefect_gliner2.runtime.model_sources import load_model
-    from prefect_gliner2.session_core.weights import load_exported_model
+    from prefect_gliner2.training.weights import load_exported_model
 
     directory = os.path.expanduser(source)
     if os.path.isdir(directory):

@@ -1,6 +1,7 @@
 """``prefect-gliner2 extract``: a model's extractions for every text of a JSONL file, batched, with the model's
 fitted thresholds, long texts split with gliner2's own chunking, and resumable: the same command after a kill
-continues where it stopped (see runtime/extract.py for the job's files and guarantees)."""
+continues where it stopped (see runtime/extract.py for the job's files and guarantees). ``--format label-studio``
+(or spacy, conll, doccano, spacy-jsonl) writes the predictions for review in that tool (runtime/extract_formats.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,16 @@ def add_parser(commands: Any) -> None:
         "ROOT/NAME@v000002, a Hugging Face id or tiny:span; any fsspec URL",
     )
     parser.add_argument("--data", required=True, help='JSONL of records {"text": ..., optional "labels"/"schema"/"id"}')
-    parser.add_argument("--out", required=True, help="output JSONL path or URL (published whole at the end)")
+    parser.add_argument("--out", required=True, help="output path or URL (published whole at the end)")
+    parser.add_argument(
+        "--format",
+        dest="output_format",
+        choices=("jsonl", "label-studio", "spacy", "conll", "doccano", "spacy-jsonl"),
+        default="jsonl",
+        help="jsonl (default: one extraction per line), or an annotation format for review in a tool: label-studio "
+        "(pre-annotations with scores and the model version), spacy (DocBin), conll, doccano, spacy-jsonl; the "
+        "corrections come back with `prefect-gliner2 convert`",
+    )
     parser.add_argument(
         "--labels",
         type=_labels,
@@ -74,6 +84,7 @@ def run(args: Any) -> int:
         records_per_chunk=args.chunk_records,
         chunk_size=args.chunk_size,
         chunk_overlap=args.chunk_overlap,
+        output_format=args.output_format,
         runtime=args.runtime,
         precision=args.precision,
     )
@@ -103,7 +114,9 @@ def run(args: Any) -> int:
 
 def describe(summary: dict[str, Any]) -> str:
     """What was extracted, where it is, how long texts were handled, and what an earlier run had done."""
-    lines = [f"wrote {summary['records']} line(s) to {summary['out']}"]
+    fmt = summary.get("format", "jsonl")
+    what = "line(s)" if fmt == "jsonl" else f"record(s) as {fmt}"
+    lines = [f"wrote {summary['records']} {what} to {summary['out']}"]
     if summary.get("already_committed"):
         lines[0] += " (already complete: nothing to do)"
     elif summary["reused"]:

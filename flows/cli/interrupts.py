@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import NoReturn
 
+from prefect_gliner2.flows.prefect_compat import signal_status
 from prefect_gliner2.runtime.errors import exception_chain
 
 __all__ = ["RESUME_HINT", "Terminated", "exit_now", "exit_status", "handling_signals", "report_interrupt"]
@@ -71,12 +72,7 @@ def _signal_status(exc: BaseException) -> int | None:
         return 128 + signal.SIGINT
     if isinstance(exc, Terminated):
         return 128 + exc.signal
-    if "prefect.exceptions" in sys.modules:
-        from prefect.exceptions import TerminationSignal
-
-        if isinstance(exc, TerminationSignal):
-            return 128 + int(exc.signal)
-    return None
+    return signal_status(exc)  # Prefect's TerminationSignal (prefect_compat, rule 5)
 
 
 def report_interrupt() -> None:
@@ -92,9 +88,9 @@ def exit_now(status: int) -> NoReturn:
     (the demo scores in this process) it takes 5-7 s on a busy machine.
     """
     if "prefect" in sys.modules:
-        from prefect_gliner2.flows.cli.server import drain_prefect_queues
+        from prefect_gliner2.flows.prefect_compat import drain_queued
 
-        drain_prefect_queues()
+        drain_queued()
     if "prefect_gliner2.runtime.live_runs" in sys.modules:
         from prefect_gliner2.runtime import live_runs
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from prefect_gliner2.flows.cli.args import data_arguments, inputs, one
+from prefect_gliner2.flows.cli.args import data_arguments, inputs
 
 __all__ = ["add_parser", "run"]
 
@@ -27,8 +27,8 @@ def run(args: Any) -> int:
     from prefect_gliner2.session_core.manifest import encode_manifest, write_manifest
 
     config, train, valid = inputs(args)
-    plan = ManagedTrainingPlan(one(train), config, architecture=model_architecture(args.model))
-    manifest = encode_manifest(plan, one(valid))
+    plan = ManagedTrainingPlan(train, config, architecture=model_architecture(args.model))
+    manifest = encode_manifest(plan, valid)
     if args.out:
         write_manifest(manifest.data, args.out)
     if args.print_manifest:

@@ -27,11 +27,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["START_TIMEOUT", "LocalServerError", "drain_prefect_queues", "local_server", "prefect_api"]
+from prefect_gliner2.flows.prefect_compat import drain_queued
+
+__all__ = ["START_TIMEOUT", "LocalServerError", "local_server", "prefect_api"]
 
 START_TIMEOUT = 900.0  # seconds; a server that is still starting is waited for this long
 _STOP_GRACE = 2.0  # seconds a stopping server gets before SIGKILL (its SQLite database is crash-safe)
 _NOTICE_AFTER = 15.0  # seconds of start-up after which the wait is explained once
+_POLL = 0.05  # seconds between health checks while the server starts (its readiness gates the first batch)
 _NOTICE = "waiting for the local Prefect server (a first start creates its database; a busy machine is slower) ..."
 _SERVER_SETTINGS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -68,17 +71,7 @@ def prefect_api() -> Iterator[str]:
         try:
             yield url
         finally:
-            drain_prefect_queues()
-
-
-def drain_prefect_queues(timeout: float = 3.0) -> None:
-    """Send the logs and events still queued in this process before the server stops (as Prefect's own test
-    harness does): afterwards they would be retried against a closed port for minutes."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for worker in (APILogWorker, EventsWorker):
-        worker.drain_all(timeout=timeout)
+            drain_queued()
 
 
 @contextlib.contextmanager
@@ -146,7 +139,7 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout: float) -> b
             if not noticed and time.monotonic() - started > _NOTICE_AFTER:
                 print(_NOTICE, file=sys.stderr, flush=True)
                 noticed = True
-            time.sleep(0.2)
+            time.sleep(_POLL)
     return False
 
 

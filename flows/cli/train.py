@@ -1,5 +1,6 @@
 """``prefect-gliner2 train``: plan the run, record its manifest in the run directory, and run the training flow on
-that run key (the flow resumes the recorded plan: planned here, once, before any flow run exists)."""
+that run key (the flow resumes the recorded plan: planned here, once, before any flow run exists, and handed to the
+flow run in this process, which so neither plans it again nor decodes its manifest)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from prefect_gliner2.flows.cli.args import UsageError, auto_or, data_arguments, inputs, non_negative, one, positive
+from prefect_gliner2.flows.cli.args import UsageError, auto_or, data_arguments, inputs, non_negative, positive
 from prefect_gliner2.flows.cli.progress import ProgressBar, describe
 from prefect_gliner2.flows.cli.server import prefect_api
 from prefect_gliner2.runtime.schedule import TARGET_TASK_SECONDS
@@ -24,7 +25,7 @@ def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "train", help="train (or resume) a run through the Prefect flow"
     )
-    data_arguments(parser, config_required=True)
+    data_arguments(parser, config_required=False)
     parser.add_argument("--run-key", help="names the run directory; the same key resumes (default: from the plan)")
     parser.add_argument("--storage", help="local directory or fsspec URL for run directories")
     parser.add_argument("--export", dest="export_to", help="where to export the selected model (default: <run>/export)")
@@ -60,15 +61,15 @@ def add_parser(commands: Any) -> None:
 
 def run(args: Any) -> int:
     from prefect_gliner2.flows.params import check_runnable
-    from prefect_gliner2.runtime.prepare import prepare_run, record_manifest
+    from prefect_gliner2.runtime.prepare import handed_over, prepare_run, record_manifest
 
     settings = _settings(args)
     config, train, valid = inputs(args)
     with spare_worker():  # a worker process imports torch and gliner2 while the run is planned and Prefect starts
-        prepared = prepare_run(args.model, one(train), one(valid), config, args.run_key, args.storage)
+        prepared = prepare_run(args.model, train, valid, config, args.run_key, args.storage)
         check_runnable(prepared.plan.config, prepared.has_validation, args.device)
         record_manifest(prepared)  # refuses another plan under this run key before Prefect starts
-        with prefect_api():
+        with prefect_api(), handed_over(prepared):  # the flow run's prepare_run answers with this plan
             state = _run_flow(args, prepared.run_dir.run_key, *settings)
     if not state.is_completed():
         error = state.result(raise_on_failure=False)

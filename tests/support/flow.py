@@ -79,7 +79,7 @@ def with_threads(params: dict[str, Any]) -> dict[str, Any]:
 
 def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict[str, str]:
     """Training/validation JSONL files of tiny records (deterministic)."""
-    from prefect_gliner2.session_core.tiny import tiny_records
+    from prefect_gliner2.training.tiny import tiny_records
 
     directory.mkdir(parents=True, exist_ok=True)
     return {
@@ -90,7 +90,7 @@ def make_inputs(directory: Path, *, n_train: int = 12, n_valid: int = 4) -> dict
 
 def tiny_model_dir(root: Path, architecture: str) -> str:
     """A tiny model directory (hidden 32, dropout 0.1 so RNG streams matter), built once per root."""
-    from prefect_gliner2.session_core.tiny import save_tiny_model
+    from prefect_gliner2.training.tiny import save_tiny_model
 
     path = root / f"tiny-{architecture}"
     if not (path / "model.safetensors").exists():
@@ -111,13 +111,8 @@ def reference_export(
     import torch
 
     from prefect_gliner2.runtime.model_sources import load_model, model_architecture
-    from prefect_gliner2.session_core import (
-        ManagedTraining,
-        ManagedTrainingPlan,
-        TrainingConfig,
-        TrainingSession,
-    )
     from prefect_gliner2.session_core.records import load_records
+    from prefect_gliner2.training import ManagedTraining, ManagedTrainingPlan, TrainingConfig, TrainingSession
 
     torch.set_num_threads(THREADS)
     plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(cfg), architecture=model_architecture(model))

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig, TrainingSession
-from prefect_gliner2.session_core.tiny import build_tiny_model, tiny_records
+from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, TrainingSession
+from prefect_gliner2.training.tiny import build_tiny_model, tiny_records
 
 from support.config import training_config
 

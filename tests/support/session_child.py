@@ -13,7 +13,7 @@ import sys
 
 import safetensors.torch
 
-from prefect_gliner2.session_core import ManagedTraining, TrainingSession
+from prefect_gliner2.training import ManagedTraining, TrainingSession
 
 from support.session import eval_records, make_config, make_model, make_plan, run_direct, snapshot
 
