@@ -1,4 +1,4 @@
-"""Serve every deployment (train, sweep, retrain, extract) from this process, without a work pool.
+"""Serve every deployment (train, sweep, tune, retrain, extract) from this process, without a work pool.
 
     python -m prefect_gliner2.deployments.serve                      # Ctrl-C stops serving
     python -m prefect_gliner2.deployments.serve --parameters overrides.json

@@ -13,6 +13,10 @@ snapshot, and training goes on while the worker writes it. The driver commits it
 durable cursor moves, retention prunes, the event is emitted) as soon as its index exists after a later unit, and
 always before the next checkpoint unit, before an early-stop checkpoint and before the drive ends (the export).
 When pipelining, the next checkpoint unit is not sent ahead before that commit (see ``_presubmit``).
+
+Pausing (``pause_at=i``, a validation batch): the drive ends after the validation at batch i and a checkpoint there
+(the schedule's own, or one added); nothing after it is formed or sent ahead, so the run's state at the pause is the
+one an uninterrupted run has at that batch, and the same run key continues it from there exactly.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class DriveResult:
     stopped_early: bool = False
     last_checkpoint: CheckpointResult | None = None
     units_run: int = 0
+    paused: ValidateResult | None = None  # the validation the drive paused after (``pause_at``)
 
 
 def run_unit(
@@ -92,16 +97,20 @@ def drive(
     reporter: RunReporter,
     then: Request[Any] | None = None,
     background_checkpoints: bool = False,
+    pause_at: int | None = None,
 ) -> DriveResult:
-    """Run every unit from batch `start` to the end of the plan (or to early stopping).
+    """Run every unit from batch `start` to the end of the plan (or to early stopping, or to the pause after the
+    validation at batch `pause_at`, checkpointed there: ``DriveResult.paused``).
 
-    `then` is the worker request that follows the last unit (the export); when pipelining, it is sent ahead too.
-    With `background_checkpoints`, no checkpoint is left uncommitted when this returns.
+    `then` is the worker request that follows the last unit (the export); when pipelining, it is sent ahead too
+    (never when pausing). With `background_checkpoints`, no checkpoint is left uncommitted when this returns.
     """
     plan = run.plan
     grain = batches_per_task if isinstance(batches_per_task, TaskGrain) else TaskGrain(batches_per_task)
     cadence = CheckpointCadence.of(checkpoint_every, grain)
     source = units(plan, start, batches_per_task=grain, checkpoint_every=cadence, validate=validate_runs)
+    if pause_at is not None:
+        source, then = _until(source, pause_at, plan.step_after(pause_at)), None
     pending: deque[Unit] = deque()
     sent: dict[Unit, str] = {}
     outcome = DriveResult()
@@ -132,6 +141,8 @@ def drive(
             checkpoints.record(result)
         else:
             reporter.validation(result)
+            if pause_at is not None and result.index == pause_at and not result.stopped_early:
+                outcome.paused = result
             if result.stopped_early:
                 outcome.stopped_early = True
                 checkpoints.commit()
@@ -139,6 +150,19 @@ def drive(
                 return outcome
         if not isinstance(result, CheckpointResult):
             checkpoints.commit_if_durable()
+
+
+def _until(source: Iterator[Unit], pause_at: int, step: int) -> Iterator[Unit]:
+    """`source`'s units through the validation at batch `pause_at` and a checkpoint there (the schedule's own when
+    it has one at that batch, else one added), then no more."""
+    for unit in source:
+        if unit.kind == "checkpoint" and unit.through == pause_at:
+            yield unit
+            return
+        if unit.first > pause_at:
+            break
+        yield unit
+    yield Unit("checkpoint", pause_at, pause_at, step)
 
 
 def _refill(source: Iterator[Unit], pending: deque[Unit], size: int) -> bool:

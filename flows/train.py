@@ -12,17 +12,21 @@
     summary["export"]                           # the selected (best, else final) model directory
 
 Calling it again with the same run key -- or retrying the flow run, also after a crash -- continues exactly from
-the durable cursor. The run's lifecycle (lease, run directory, worker, restore, completion, the cursor's export
-record) is ``runtime.run``'s; this flow composes it with the tasks that drive the plan and export the model.
+the durable cursor. With ``pause_at_step=S`` the run pauses at its first validation at or after S updates: it
+checkpoints there, ends COMPLETED with a pause record as its summary (``summary["paused"]``; ``runtime.pause``) and
+exports nothing; the same run key with a larger ``pause_at_step``, or none, continues it exactly. The run's
+lifecycle (lease, run directory, worker, restore, completion, the cursor's export record) is ``runtime.run``'s; this
+flow composes it with the tasks that drive the plan and export the model.
 Importing this module does not import torch: training happens in the worker process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from prefect import get_run_logger
+from pydantic import Field
 
 from prefect_gliner2.flows.context import run_hooks
 from prefect_gliner2.flows.data_params import DataSettings
@@ -41,11 +45,13 @@ from prefect_gliner2.flows.spare_first import spare_first_flow
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
 from prefect_gliner2.runtime.onnx_step import check_onnx_step, eval_examples
+from prefect_gliner2.runtime.pause import pause_index, pause_record, record_pause
 from prefect_gliner2.runtime.prepare import prepare_run
-from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult
+from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult, ValidateResult
 from prefect_gliner2.runtime.run import OpenRun, RunOptions, finish, open_run
 from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.runtime.spare import discard_spare, spare_worker
+from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.tasks.export import export_model
 from prefect_gliner2.tasks.onnx import export_onnx_step
 
@@ -102,6 +108,7 @@ def train_flow(
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
     lease: LeaseSettings = DEFAULT_LEASE,
+    pause_at_step: Annotated[int | None, Field(ge=1)] = None,
     data_format: DataSettings = DEFAULT_DATA,
     onnx: list[Literal["fp32", "fp16", "int8"]] | None = None,
 ) -> dict[str, Any]:
@@ -123,6 +130,8 @@ def train_flow(
         checkpointing: When checkpoints are taken, how many are kept and whether they are written in the background.
         execution: Batches per task, operations sent ahead, the device and the worker's CPU threads.
         lease: How long the run key's lease lives without a heartbeat, and how long to wait for a busy run key.
+        pause_at_step: Pause at the first validation at or after this many optimizer updates, checkpointed there
+            (needs valid_data); the same run key with a larger value, or none, continues exactly from there.
         data_format: The format of train_data and valid_data (auto: detected from each file: CoNLL/BIO, spaCy,
             Label Studio, doccano or gliner2's records) and that format's settings.
         onnx: Also export the model to ONNX for these precisions (fp32, fp16, int8) into the export's onnx/ folder,
@@ -137,6 +146,8 @@ def train_flow(
             get_run_logger().info("data %s", line)
         prepared = prepare_run(model, train, valid, config_given, run_key, storage)  # or the CLI's (handed over)
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
+        if pause_at_step is not None and not prepared.has_validation:
+            raise ConfigError("pause_at_step pauses a run at a validation point: pass valid_data (or drop it)")
         if onnx:
             examples = eval_examples(prepared.manifest, prepared.run_dir.manifest_uri)
             check_onnx_step(onnx, prepared.plan.architecture, examples, seed=prepared.plan.config.seed)
@@ -147,27 +158,31 @@ def train_flow(
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"
                 return cast(dict[str, Any], completed_state(message, _with_onnx(run.completed_summary(), run, onnx)))
-            summary, where = _train(run, checkpointing, execution)
-            summary = _with_onnx(summary, run, onnx)
-            return cast(
-                dict[str, Any], completed_state(f"{run.run_key}: {where} · done; model at {summary['export']}", summary)
-            )
+            summary, message = _train(run, checkpointing, execution, pause_at_step)
+            return cast(dict[str, Any], completed_state(message, _with_onnx(summary, run, onnx)))
 
 
 def _with_onnx(summary: dict[str, Any], run: OpenRun, onnx: Sequence[str] | None) -> dict[str, Any]:
     """The summary with the ONNX step's figures (``onnx``) when it was asked for: the step runs once the run is
-    finished (a refusal by the parity gate fails the flow run; the torch model stays exported)."""
-    if not onnx:
+    finished (not at a pause; a refusal by the parity gate fails the flow run; the torch model stays exported)."""
+    if not onnx or summary.get("paused") or not summary.get("export"):
         return summary
     seed = run.prepared.plan.config.seed
     return {**summary, "onnx": export_onnx_step(summary["export"], run.run_dir.manifest_uri, onnx, seed)}
 
 
-def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings) -> tuple[dict[str, Any], str]:
-    """Drive the run to its end through the tasks, export and finish; returns the summary and the final position
-    in words."""
+def _train(
+    run: OpenRun, checkpointing: CheckpointSettings, execution: ExecutionSettings, pause_at_step: int | None
+) -> tuple[dict[str, Any], str]:
+    """Drive the run to its end (or its pause) through the tasks, export and finish; returns the summary (or the
+    pause record) and the flow run's state message."""
     live, cursor, plan = run.live, run.cursor, run.prepared.plan
     assert live is not None, "the run is open"
+    pause_at = None
+    if pause_at_step is not None and (cursor is None or not cursor.finished):
+        if cursor is not None and cursor.step >= pause_at_step:
+            return _paused(run, pause_at_step, None)
+        pause_at = pause_index(plan, run.start, pause_at_step)
     if cursor is not None:
         get_run_logger().info(
             "resuming run %s from checkpoint %s (batch %d of %d, step %d)",
@@ -196,7 +211,10 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
                 reporter=reporter,
                 then=Export(uri=run.export_uri, which="best"),
                 background_checkpoints=checkpointing.background_checkpoints,
+                pause_at=pause_at,
             )
+        if outcome.paused is not None and pause_at_step is not None:
+            return _paused(run, pause_at_step, outcome.paused)
         info = export_model(run.run_key, run.export_uri, "best")
         summary, final = finish(run, info, units_run=outcome.units_run)
         for warning in summary.get("warnings") or ():
@@ -204,9 +222,42 @@ def _train(run: OpenRun, checkpointing: CheckpointSettings, execution: Execution
         reporter.validations = list(info.summary.eval_metrics_history or reporter.validations)
         reporter.finish(summary, cursor=final)
         _announce_completed(run, summary, final)
-        return summary, reporter.where()
+        return summary, f"{run.run_key}: {reporter.where()} · done; model at {summary['export']}"
     finally:
         reporter.close(timeout=5.0)
+
+
+def _paused(run: OpenRun, pause_at_step: int, validation: ValidateResult | None) -> tuple[dict[str, Any], str]:
+    """The run paused at its durable cursor (after `validation`, or found there): keep the pause record in the
+    cursor and return it with the state message. A record kept by an earlier attempt at this position is reused;
+    without one, the worker's restored state says what the validations were."""
+    cursor = run.run_dir.read_cursor()
+    assert cursor is not None, "a paused run has a committed checkpoint"
+    if validation is None and cursor.summary is not None and cursor.summary.get("paused"):
+        record = dict(cursor.summary)
+    else:
+        known = validation or run.worker.call(Summary())
+        history = known.history if isinstance(known, ValidateResult) else known.eval_metrics_history
+        record = pause_record(
+            run.run_dir,
+            run.prepared.plan,
+            cursor,
+            history,
+            pause_at_step=pause_at_step,
+            best_metric=known.best_metric,
+            best_step=known.best_step,
+        )
+        run.lease.check()  # a run that lost its run key records nothing
+        record_pause(run.run_dir, record)
+    get_run_logger().info(
+        "run %s paused at step %d (checkpoint %s); the same run key continues it exactly",
+        run.run_key,
+        record["total_steps"],
+        record["checkpoint"],
+    )
+    record = {**record, "flow_run_id": run.hooks.flow_run_id}
+    message = f"{run.run_key}: paused at step {record['total_steps']} of {record['max_steps']}; the run key resumes it"
+    return record, message
 
 
 def _restored_history(live: Any) -> SummaryResult | None:

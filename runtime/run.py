@@ -25,6 +25,7 @@ from prefect_gliner2.runtime import faults, live_runs
 from prefect_gliner2.runtime.errors import StorageFullError, is_transient, permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, HolderGone, RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
+from prefect_gliner2.runtime.pause import selection_curve
 from prefect_gliner2.runtime.prepare import PreparedRun
 from prefect_gliner2.runtime.protocol import Export, ExportResult, Status
 from prefect_gliner2.runtime.resources import default_cpu_threads, disk_used
@@ -379,6 +380,7 @@ def _summary(run: OpenRun, info: ExportResult, cursor: DurableCursor | None, uni
         "best_metric": best if isinstance(best, (int, float)) and abs(best) != float("inf") else None,
         "best_step": native.best_step,
         "metric_for_best": live.plan.config.metric_for_best,
+        "validations": selection_curve(native.eval_metrics_history, str(live.plan.config.metric_for_best)),
         "stopped_early": bool(native.stopped_early),
         "batch_count": live.plan.batch_count,
         "resumed_from_batch": run.start,

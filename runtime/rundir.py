@@ -193,7 +193,8 @@ class RunDirectory:
         return DurableCursor.from_dict(parsed, self.cursor_uri)
 
     def commit_cursor(self, new: DurableCursor) -> bool:
-        """Move the durable cursor to `new` if that is forward (or adds the export); never moves it back."""
+        """Move the durable cursor to `new` if that is forward (or adds the export, or a pause record to an
+        unfinished position: ``runtime.pause``); never moves it back."""
         current = self.read_cursor()
         if current is not None:
             if current.fingerprint != new.fingerprint:
@@ -203,7 +204,11 @@ class RunDirectory:
                 )
             forward = new.cursor > current.cursor or (
                 new.cursor == current.cursor
-                and ((new.finished and not current.finished) or (new.export is not None and current.export is None))
+                and (
+                    (new.finished and not current.finished)
+                    or (new.export is not None and current.export is None)
+                    or (not new.finished and not current.finished and new.summary is not None)
+                )
             )
             if not forward:
                 return False

@@ -22,6 +22,7 @@ from support.prefect_harness import delete_deployments
 from support.processes import serving
 
 TRAIN, RETRAIN, SWEEP = "gliner2-train/train", "gliner2-retrain/retrain-nightly", "gliner2-sweep/sweep"
+TUNE = "gliner2-tune/tune"
 EXTRACT = "gliner2-extract/extract"
 
 
@@ -113,14 +114,17 @@ def test_prefect_yaml_deploys_to_a_process_pool(prefect_server: str, tmp_path: P
         train = client.read_deployment_by_name(TRAIN)
         nightly = client.read_deployment_by_name(RETRAIN)
         sweep = client.read_deployment_by_name(SWEEP)
-    assert (train.entrypoint, nightly.entrypoint, sweep.entrypoint) == (
+        tune = client.read_deployment_by_name(TUNE)
+    assert (train.entrypoint, nightly.entrypoint, sweep.entrypoint, tune.entrypoint) == (
         "prefect_gliner2.flows.train:train_flow",
         "prefect_gliner2.flows.retrain:retrain_flow",
         "prefect_gliner2.flows.sweep:sweep_flow",
+        "prefect_gliner2.flows.tune:tune_flow",
     )
     assert train.work_pool_name == nightly.work_pool_name == sweep.work_pool_name == "gliner2-process"
-    # a sweep only waits for its points: on its own queue it never holds a training worker's slot
-    assert (train.work_queue_name, sweep.work_queue_name) == ("default", "sweeps")
+    # a sweep or a study only waits for its runs: on its own queue it never holds a training worker's slot
+    assert (train.work_queue_name, sweep.work_queue_name, tune.work_queue_name) == ("default", "sweeps", "sweeps")
+    assert "pause_at_step" in train.parameter_openapi_schema["properties"]
     # no deployment-wide limit: runs with different run keys train in parallel; the run-key lease excludes
     assert _limit(train) is None and train.schedules == []
     assert train.job_variables["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
@@ -195,7 +199,7 @@ def served(prefect_server: str, tmp_path: Path) -> Any:
         }
     }
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
-    delete_deployments(TRAIN, RETRAIN, SWEEP, EXTRACT)
+    delete_deployments(TRAIN, RETRAIN, SWEEP, TUNE, EXTRACT)
     command = [
         sys.executable,
         "-m",

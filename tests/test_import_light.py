@@ -63,6 +63,7 @@ def test_each_planning_module_alone_is_light() -> None:
         "prefect_gliner2.session_core.records",
         "prefect_gliner2.session_core.plan",
         "prefect_gliner2.session_core.manifest",
+        "prefect_gliner2.session_core.search_space",
     )
     for module in modules:
         assert _heavy_after_import(module) == "[]", module
@@ -90,6 +91,7 @@ def test_the_run_lifecycle_and_the_cli_import_no_heavy_modules() -> None:
     modules = (
         "prefect_gliner2.runtime.prepare",
         "prefect_gliner2.runtime.run",
+        "prefect_gliner2.runtime.pause",
         "prefect_gliner2.flows.params",
         "prefect_gliner2.flows.cli",
     )

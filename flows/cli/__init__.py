@@ -3,6 +3,8 @@
     prefect-gliner2 train --model DIR_OR_ID --train FILE [--valid FILE] [--config FILE] [--format FORMAT] \\
                           [--run-key KEY] [--storage DIR_OR_URL] [--export DIR]
     prefect-gliner2 convert IN... --from FORMAT --out OUT.jsonl
+    prefect-gliner2 tune  --model DIR_OR_ID --train FILE --valid FILE --config FILE --space SPACE.yaml --trials N \\
+                          [--parallel K --deployment] [--study-key KEY] [--storage OPTUNA_URL]
     prefect-gliner2 plan  --model DIR_OR_ID --train FILE [--valid FILE] --config FILE [--out manifest.json]
     prefect-gliner2 demo  [--dir DIR]
     prefect-gliner2 evaluate --model DIR --data FILE [--threshold T] [--json OUT]
@@ -17,13 +19,14 @@ through Prefect: against PREFECT_API_URL when set, else a local server the comma
 Re-running the same command after a crash resumes exactly. Data files may be in any annotation format (CoNLL/BIO,
 spaCy DocBin or JSONL, Label Studio, doccano: ``--format``, detected by default), and without ``--config`` the
 documented defaults train, with the precision chosen for the device and said in the first line; ``convert`` writes
-the records such files hold (``session_core.formats``). Bad arguments exit with status 2 and a message saying
-what to fix; a failed run exits with 1; Ctrl-C or SIGTERM records the run as crashed and exits with 130 or 143
-and the resume hint (``interrupts``). ``evaluate`` scores a model's extractions on gold records (per-label
-precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in this process.
-``extract`` writes a model's extractions for a JSONL file of texts, resumably (the same command after a kill
-continues where it stopped). ``compare`` decides whether model B would replace model A by the retraining flow's
-promotion rule (paired bootstrap intervals, per-label and guard-set checks), in this process. ``export`` writes a
+the records such files hold (``session_core.formats``). ``tune`` runs an Optuna study whose trials are training runs
+(pruned ones paused at a checkpoint, continuable); the same command after a crash continues the study. Bad arguments
+exit with status 2 and a message saying what to fix; a failed run exits with 1; Ctrl-C or SIGTERM records the run as
+crashed and exits with 130 or 143 and the resume hint (``interrupts``). ``evaluate`` scores a model's extractions on
+gold records (per-label precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in
+this process. ``extract`` writes a model's extractions for a JSONL file of texts, resumably (the same command after
+a kill continues where it stopped). ``compare`` decides whether model B would replace model A by the retraining
+flow's promotion rule (paired bootstrap intervals, per-label and guard-set checks), in this process. ``export`` writes a
 model as an ONNX directory for the gliner2-onnx runtime, published only when its parity gate passes on gold records.
 
 A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
@@ -38,7 +41,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from prefect_gliner2.flows.cli import compare, convert, demo, evaluate, export, extract, init_model, plan, train
+from prefect_gliner2.flows.cli import compare, convert, demo, evaluate, export, extract, init_model, plan, train, tune
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.flows.cli.interrupts import exit_now, exit_status, handling_signals, report_interrupt
 from prefect_gliner2.flows.cli.server import LocalServerError
@@ -48,7 +51,7 @@ __all__ = ["COMMANDS", "INTERRUPTED", "USAGE_ERROR", "console_main", "main"]
 
 USAGE_ERROR = 2
 INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
-COMMANDS = (train, convert, plan, demo, evaluate, compare, extract, export, init_model)
+COMMANDS = (train, tune, convert, plan, demo, evaluate, compare, extract, export, init_model)
 
 
 def console_main(argv: Sequence[str] | None = None) -> NoReturn:
