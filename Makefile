@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,lint,s3,tune]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,lint,s3,tune,onnx]'
 	touch $(STAMP)
 
 demo: setup

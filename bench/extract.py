@@ -2,6 +2,7 @@
 flow's tasks run) against a plain gliner2 ``batch_extract`` over the same texts, and what a kill and resume costs.
 
 Usage: python bench/extract.py [--model tiny:span:128x2] [--records 2000] [--repeats 3] [--no-kill]
+       python bench/extract.py --onnx-only --records 500 --repeats 3 --threads 2     # the ONNX rows alone
 
 Throughput: the same loaded model, the same texts, labels, threshold and batch size. "plain" is one
 ``model.batch_extract(texts, schema, batch_size=B)`` over texts already in memory; "core" is
@@ -13,6 +14,13 @@ process's CPU seconds (with one torch thread, CPU time barely moves with other l
 Kill + resume: the CLI as a real process, uninterrupted, against the same command SIGKILLed when it is about to
 compute the middle chunk (a fault-plan pause; tests/support/faultsite) and run again: the cost is the two runs'
 seconds minus the uninterrupted run's (a second process start and model load, and at most the chunk in flight).
+
+ONNX rows (``--onnx``; ``--onnx-only`` runs nothing else; ``bench/extract_onnx.py``): a span model on the real MiniLM
+encoder (``init-model``, then a short training run in this process: 36 updates; built once, cached) exported to
+ONNX (fp32, int8) behind the parity gate; records per second of gliner2's ``batch_extract`` on the torch model
+against the ONNX export through the gliner2-onnx runtime (``runtime/onnx_extract.py``, what ``extract --runtime
+onnx`` runs), on the same texts, labels, fitted thresholds and thread count (torch threads = ONNX Runtime intra-op
+threads); the micro F1 of each against the texts' gold beside it.
 """
 
 from __future__ import annotations
@@ -128,7 +136,15 @@ def main() -> None:
     parser.add_argument("--chunk-records", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-kill", action="store_true", help="skip the kill + resume measurement")
+    parser.add_argument("--onnx", action="store_true", help="add the ONNX rows (a MiniLM span model, fp32 and int8)")
+    parser.add_argument("--onnx-only", action="store_true", help="the ONNX rows alone")
     args = parser.parse_args()
+    if args.onnx or args.onnx_only:
+        from extract_onnx import onnx_rows
+
+        print(json.dumps({"onnx": onnx_rows(args.records, args.repeats, args.threads, args.batch_size)}))
+        if args.onnx_only:
+            return
     folder = Path(tempfile.mkdtemp(prefix="bench-extract-data-"))
     data, texts, labels = _inputs(folder, args.records)
     report = {"model": args.model, "records": args.records, "batch_size": args.batch_size, "threads": args.threads}

@@ -33,6 +33,8 @@ def extract_flow(
     chunk_size: Annotated[int, Field(ge=1)] = 384,
     chunk_overlap: Annotated[int, Field(ge=0)] = 64,
     output_format: Literal["jsonl", "label-studio", "spacy", "conll", "doccano", "spacy-jsonl"] = "jsonl",
+    runtime: Literal["torch", "onnx"] = "torch",
+    precision: Literal["fp32", "fp16", "int8"] | None = None,
 ) -> dict[str, Any]:
     """Extract with a registered model from every record of `data` into `out`.
 
@@ -50,6 +52,9 @@ def extract_flow(
         chunk_overlap: Words shared by adjacent windows.
         output_format: jsonl, or an annotation format to review the predictions in: label-studio (pre-annotations
             with scores and the model version), spacy (DocBin), conll, doccano or spacy-jsonl.
+        runtime: "torch" (gliner2 on the torch model) or "onnx" (the version's ONNX export, through gliner2-onnx;
+            its lineage names it: ``prefect-gliner2 export --format onnx`` or the training flow's ONNX step).
+        precision: The ONNX export's precision (default: its first of fp32, int8, fp16); only with runtime "onnx".
     """
     with interrupts_surface():
         logger = get_run_logger()
@@ -62,16 +67,20 @@ def extract_flow(
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
             output_format=output_format,
+            runtime=runtime,
+            precision=precision,
         )
         job = prepare_job(reference, data, out, settings)
         if job.committed is not None:
             logger.info("%s is already complete (%d line(s)); nothing to do", job.out, job.committed["records"])
             return {**job.committed, "already_committed": True}
         logger.info(
-            "extracting %d record(s) in %d chunk task(s) with %s; threshold %s",
+            "extracting %d record(s) in %d chunk task(s) with %s (%s%s); threshold %s",
             job.input.records,
             job.input.chunks,
             job.model.describe(),
+            job.settings.runtime,
+            f" {job.settings.precision}: {job.model.uri}" if job.settings.precision else "",
             job.threshold_source,
         )
         records = []

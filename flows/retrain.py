@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -86,6 +86,7 @@ def retrain_flow(
     storage: str | None = None,
     checkpointing: CheckpointSettings = DEFAULT_CHECKPOINTING,
     execution: ExecutionSettings = DEFAULT_EXECUTION,
+    onnx: list[Literal["fp32", "fp16", "int8"]] | None = None,
 ) -> State:
     """Retrain `model_name` when its data (or its training settings or base model) changed, and promote the
     candidate only when it is better beyond noise and forgot nothing the rule protects.
@@ -109,6 +110,8 @@ def retrain_flow(
             (see the training flow).
         execution: Batches per task, operations sent ahead, the device, and the torch threads of the training and
             scoring processes.
+        onnx: Also export each candidate to ONNX for these precisions, behind the parity gate on `valid_data` (the
+            training flow's ONNX step); a registered version keeps it and its lineage records the figures (``onnx``).
     """
     with interrupts_surface():
         rule = promotion.to_rule()
@@ -124,7 +127,7 @@ def retrain_flow(
         _announce(model_name, data["data_fingerprint"], latest, current, run_key, base_model)
         comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
         summary = _train_candidate(
-            run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution
+            run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution, onnx
         )
         scores = _score(str(summary["export"]), current, base_model, comparison, training, execution)
         guard = GUARD if guard_data is not None else None
@@ -164,8 +167,10 @@ def _train_candidate(
     storage: str | None,
     checkpointing: CheckpointSettings,
     execution: ExecutionSettings,
+    onnx: list[Literal["fp32", "fp16", "int8"]] | None = None,
 ) -> dict[str, Any]:
-    """The candidate's training run: ``train_flow`` as a subflow, from the current version's weights if any."""
+    """The candidate's training run: ``train_flow`` as a subflow, from the current version's weights if any (and
+    its ONNX step when `onnx` names precisions)."""
     return train_flow(
         model=base_model,
         train_data=train_data,
@@ -176,6 +181,7 @@ def _train_candidate(
         init_weights=current.uri if current is not None else None,
         checkpointing=checkpointing,
         execution=execution,
+        onnx=onnx,
     )
 
 

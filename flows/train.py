@@ -22,7 +22,8 @@ Importing this module does not import torch: training happens in the worker proc
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, cast
 
 from prefect import get_run_logger
 from pydantic import Field
@@ -43,6 +44,7 @@ from prefect_gliner2.flows.reporting import RunReporter, mlflow_tracking
 from prefect_gliner2.flows.spare_first import spare_first_flow
 from prefect_gliner2.runtime import live_runs
 from prefect_gliner2.runtime.events import RUN_COMPLETED
+from prefect_gliner2.runtime.onnx_step import check_onnx_step, eval_examples
 from prefect_gliner2.runtime.pause import pause_index, pause_record, record_pause
 from prefect_gliner2.runtime.prepare import prepare_run
 from prefect_gliner2.runtime.protocol import Export, Summary, SummaryResult, ValidateResult
@@ -51,6 +53,7 @@ from prefect_gliner2.runtime.schedule import TaskGrain, pipeline_depth
 from prefect_gliner2.runtime.spare import discard_spare, spare_worker
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.tasks.export import export_model
+from prefect_gliner2.tasks.onnx import export_onnx_step
 
 __all__ = ["TrainingConfigModel", "TrainingSettings", "run_options", "train_flow"]
 
@@ -107,6 +110,7 @@ def train_flow(
     lease: LeaseSettings = DEFAULT_LEASE,
     pause_at_step: Annotated[int | None, Field(ge=1)] = None,
     data_format: DataSettings = DEFAULT_DATA,
+    onnx: list[Literal["fp32", "fp16", "int8"]] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a GLiNER2 model exactly and resumably; returns a summary with the exported model's location.
 
@@ -130,6 +134,9 @@ def train_flow(
             (needs valid_data); the same run key with a larger value, or none, continues exactly from there.
         data_format: The format of train_data and valid_data (auto: detected from each file: CoNLL/BIO, spaCy,
             Label Studio, doccano or gliner2's records) and that format's settings.
+        onnx: Also export the model to ONNX for these precisions (fp32, fp16, int8) into the export's onnx/ folder,
+            behind the parity gate on the validation records (span models, entity tasks; checked before training;
+            needs the onnx extra). The summary's ``onnx`` holds each precision's figures.
     """
     config_given = config.to_training_config() if config else None
     with interrupts_surface(), spare_worker():
@@ -141,15 +148,27 @@ def train_flow(
         check_runnable(prepared.plan.config, prepared.has_validation, execution.device)
         if pause_at_step is not None and not prepared.has_validation:
             raise ConfigError("pause_at_step pauses a run at a validation point: pass valid_data (or drop it)")
+        if onnx:
+            examples = eval_examples(prepared.manifest, prepared.run_dir.manifest_uri)
+            check_onnx_step(onnx, prepared.plan.architecture, examples, seed=prepared.plan.config.seed)
         options = run_options(export_to, init_weights, checkpointing, execution, lease)
         with open_run(prepared, options, run_hooks()) as run:
             discard_spare()  # adopted by the run's worker by now, unless none started (a finished run, a reused one)
             if run.done is not None:
                 get_run_logger().info("run %s is complete; its model is at %s", run.run_key, run.export_uri)
                 message = f"{run.run_key}: already complete; model at {run.export_uri}"
-                return cast(dict[str, Any], completed_state(message, run.completed_summary()))
+                return cast(dict[str, Any], completed_state(message, _with_onnx(run.completed_summary(), run, onnx)))
             summary, message = _train(run, checkpointing, execution, pause_at_step)
-            return cast(dict[str, Any], completed_state(message, summary))
+            return cast(dict[str, Any], completed_state(message, _with_onnx(summary, run, onnx)))
+
+
+def _with_onnx(summary: dict[str, Any], run: OpenRun, onnx: Sequence[str] | None) -> dict[str, Any]:
+    """The summary with the ONNX step's figures (``onnx``) when it was asked for: the step runs once the run is
+    finished (not at a pause; a refusal by the parity gate fails the flow run; the torch model stays exported)."""
+    if not onnx or summary.get("paused") or not summary.get("export"):
+        return summary
+    seed = run.prepared.plan.config.seed
+    return {**summary, "onnx": export_onnx_step(summary["export"], run.run_dir.manifest_uri, onnx, seed)}
 
 
 def _train(

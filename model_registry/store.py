@@ -8,7 +8,9 @@ A version directory is complete when its `lineage.json` exists (written last); i
 pointer is replaced atomically (a temp file renamed over it locally; a single object write elsewhere), so a reader
 sees the old or the new version, never half of one. Rolling back is pointing CURRENT at an older version. Lineage
 records where a version came from: base model hash, data fingerprint, manifest fingerprint, run key, metrics, and
-the extraction thresholds fitted at export (``thresholds``, from the model's export.json; None when it has none).
+the extraction thresholds fitted at export (``thresholds``, from the model's export.json; None when it has none),
+and its ONNX export with the parity gate's figures (``onnx``: from the model's onnx/ when registered with one, or
+recorded later by ``record_onnx``; None when it has none).
 Every URI it stores and reports is absolute (a local root is made absolute). Torch-free and Prefect-free.
 """
 
@@ -28,6 +30,8 @@ from prefect_gliner2.session_core import storage
 from prefect_gliner2.session_core.errors import SessionCoreError
 from prefect_gliner2.session_core.layout import (
     MODEL_CONFIG_FILE,
+    ONNX_DIR,
+    ONNX_EXPORT_FILE,
     REGISTRY_LINEAGE_FILE,
     REGISTRY_POINTER_FILE,
     REGISTRY_VERSIONS_DIR,
@@ -130,7 +134,21 @@ class ModelRegistry:
         record = {**lineage, "version": version, "registered_at": time.time(), "source": absolute_uri(source)}
         recorded = read_thresholds(source)  # the thresholds fitted at export travel with the version
         record[THRESHOLDS_KEY] = recorded.to_dict() if recorded is not None else None
+        onnx = f"{src_path.rstrip('/')}/{ONNX_DIR}/{ONNX_EXPORT_FILE}"
+        if src_fs.exists(onnx):  # an ONNX export inside the model (a training flow's ONNX step) travels with it
+            record["onnx"] = onnx_lineage(
+                self._uri(f"{REGISTRY_VERSIONS_DIR}/{version}/{ONNX_DIR}"), src_fs.cat_file(onnx)
+            )
         self._write_atomic(f"{target}/{REGISTRY_LINEAGE_FILE}", json.dumps(record, indent=1, sort_keys=True).encode())
+        return self.get(version)
+
+    def record_onnx(self, version: str, uri: str, export_record: Any) -> ModelVersion:
+        """Record an ONNX export of `version` (its directory and the parity gate's figures) in the version's lineage,
+        replacing an earlier one; the lineage file is rewritten atomically."""
+        chosen = self.get(version)
+        lineage = {**chosen.lineage, "onnx": onnx_lineage(uri, export_record)}
+        path = f"{self.path}/{REGISTRY_VERSIONS_DIR}/{version}/{REGISTRY_LINEAGE_FILE}"
+        self._write_atomic(path, json.dumps(lineage, indent=1, sort_keys=True).encode())
         return self.get(version)
 
     def promote(self, version: str) -> ModelVersion:
@@ -175,3 +193,19 @@ class ModelRegistry:
 
     def _uri(self, relative: str) -> str:
         return f"{self.root}/{self.name}/{relative}"
+
+
+def onnx_lineage(uri: str, export_record: Any) -> dict[str, Any]:
+    """What a lineage keeps of an ONNX export's record (onnx_export.json, as bytes or parsed): where it is, and per
+    precision the parity gate's verdict, span agreement, F1 of both runtimes and their difference."""
+    record = json.loads(export_record) if isinstance(export_record, (bytes, str)) else dict(export_record)
+    keys = ("passed", "span_agreement", "max_score_diff", "f1_torch", "f1_onnx", "f1_diff", "records", "rule")
+    return {
+        "uri": uri,
+        "created_at": record.get("created_at"),
+        "golden": record.get("golden"),
+        "precisions": {
+            precision: {key: (entry.get("parity") or {}).get(key) for key in keys}
+            for precision, entry in (record.get("precisions") or {}).items()
+        },
+    }

@@ -16,6 +16,10 @@ was split into k windows); with an annotation ``output_format`` (Label Studio, s
 each text and the output is written in that format from them (``extract_formats``). A job with other inputs or
 settings than the unfinished one in the work directory is refused (rerun with the same arguments, or delete the work
 directory).
+
+``runtime="onnx"`` extracts with a model's ONNX export instead (``runtime/onnx_extract.py``: the gliner2-onnx
+runtime, one of the precisions whose parity gate passed), into the same lines; every record's schema is checked
+against what that runtime covers while the input is read, before any extraction.
 """
 
 from __future__ import annotations
@@ -27,15 +31,25 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_gliner2.runtime import faults
 from prefect_gliner2.runtime.extract_formats import check_output_format, write_output
 from prefect_gliner2.runtime.extract_input import InputPlan, check_labels, read_chunk, scan_input
 from prefect_gliner2.runtime.extract_model import Extractor, ModelRef, loaded_extractor, resolve_model
 from prefect_gliner2.session_core.errors import ConfigError
+from prefect_gliner2.session_core.onnx_scope import RUNTIME_ONNX, RUNTIME_TORCH, RUNTIMES, check_schema
 from prefect_gliner2.session_core.storage import absolute_uri, atomic_file, resolve, write_atomic
-from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, Thresholds, fixed, read_thresholds
+from prefect_gliner2.session_core.thresholds import (
+    DEFAULT_THRESHOLD,
+    THRESHOLDS_KEY,
+    Thresholds,
+    fixed,
+    read_thresholds,
+)
+
+if TYPE_CHECKING:
+    from prefect_gliner2.runtime.onnx_extract import OnnxExtractor
 
 __all__ = ["ExtractJob", "ExtractSettings", "commit_output", "load_job", "prepare_job", "run_chunk", "run_job"]
 
@@ -48,7 +62,9 @@ WORK_SUFFIX = ".extract"
 class ExtractSettings:
     """How to extract: labels for records without their own, an explicit threshold (None: the model's), texts per
     inference batch, records per chunk (the unit of resumption), gliner2's word window and overlap for long texts,
-    and the output's format (``jsonl``, or an annotation format: ``runtime.extract_formats``)."""
+    the output's format (``jsonl``, or an annotation format: ``runtime.extract_formats``), the runtime (``torch``:
+    gliner2 on the torch model; ``onnx``: the model's ONNX export) and, for ONNX, the precision (None: the export's
+    first of fp32, int8, fp16; a job records the one it chose)."""
 
     labels: list[str] | None = None
     threshold: float | None = None
@@ -57,9 +73,15 @@ class ExtractSettings:
     chunk_size: int = 384
     chunk_overlap: int = 64
     output_format: str = "jsonl"
+    runtime: str = RUNTIME_TORCH
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         check_output_format(self.output_format)
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"runtime must be one of {list(RUNTIMES)}, got {self.runtime!r}")
+        if self.precision is not None and self.runtime != RUNTIME_ONNX:
+            raise ConfigError(f"a precision ({self.precision!r}) applies to the onnx runtime only")
         for name in ("batch_size", "records_per_chunk", "chunk_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -96,6 +118,8 @@ class ExtractJob:
         """Everything an output line depends on."""
         settings = asdict(self.settings)
         settings.pop("labels")  # in default_schema
+        if settings["runtime"] == RUNTIME_TORCH:  # a torch job keeps the key it had before runtimes existed
+            del settings["runtime"], settings["precision"]
         return {
             "format": JOB_FORMAT,
             "input": self.input.fingerprint,
@@ -137,7 +161,18 @@ class ExtractJob:
     def part(self, index: int, suffix: str = ".jsonl") -> str:
         return f"{self.work}/part-{index:06d}{suffix}"
 
-    def extractor(self) -> Extractor:
+    def extractor(self) -> Extractor | OnnxExtractor:
+        if self.settings.runtime == RUNTIME_ONNX:
+            from prefect_gliner2.runtime.onnx_extract import loaded_onnx_extractor
+
+            return loaded_onnx_extractor(
+                self.model,
+                str(self.settings.precision),
+                per_label=self.thresholds,
+                chunk_size=self.settings.chunk_size,
+                chunk_overlap=self.settings.chunk_overlap,
+                spans=self.settings.output_format != "jsonl",
+            )
         return loaded_extractor(
             self.model,
             threshold=self.thresholds.threshold,
@@ -163,10 +198,20 @@ def work_dir(out: str) -> str:
 def prepare_job(model: str, data: str, out: str, settings: ExtractSettings) -> ExtractJob:
     """Resolve the model (a registry reference pins its version), read its thresholds, check and index the input,
     then continue the unfinished job in the work directory or record a new one."""
-    ref = resolve_model(model)
+    onnx = settings.runtime == RUNTIME_ONNX
+    if onnx:
+        from prefect_gliner2.runtime.onnx_model import choose_precision, resolve_onnx
+
+        ref = resolve_onnx(model)
+        settings = replace(settings, precision=choose_precision(ref, settings.precision))
+    else:
+        ref = resolve_model(model)
     thresholds, source = _thresholds(ref, settings.threshold)
     default_schema = {"entities": list(settings.labels)} if settings.labels else ref.trained_schema()
-    plan = scan_input(absolute_uri(data), settings.records_per_chunk)
+    if onnx and default_schema is not None:
+        check_schema(thresholds.apply(default_schema), "the labels to extract")
+    check = (lambda schema, where: check_schema(thresholds.apply(schema), where)) if onnx else None
+    plan = scan_input(absolute_uri(data), settings.records_per_chunk, check=check)
     if plan.without_schema and default_schema is None:
         raise ConfigError(
             f"{plan.without_schema} record(s) of {data} carry no 'schema' or 'labels' (the first at line "
@@ -190,11 +235,22 @@ def prepare_job(model: str, data: str, out: str, settings: ExtractSettings) -> E
 def _thresholds(ref: ModelRef, explicit: float | None) -> tuple[Thresholds, str]:
     if explicit is not None:
         return fixed(explicit), f"{explicit} (given explicitly)"
-    recorded = read_thresholds(ref.uri) if ref.export_info else None
+    recorded = _recorded_thresholds(ref)
     if recorded is None:
         return fixed(DEFAULT_THRESHOLD), f"{DEFAULT_THRESHOLD} (gliner2's default: the model records no thresholds)"
     per_label = sum(len(getattr(recorded, kind)) for kind in ("entities", "relations", "fields"))
-    return recorded, f"{recorded.threshold} and {per_label} per-label value(s), fitted (from the model's export.json)"
+    where = "recorded with the ONNX export" if "precisions" in ref.export_info else "from the model's export.json"
+    return recorded, f"{recorded.threshold} and {per_label} per-label value(s), fitted ({where})"
+
+
+def _recorded_thresholds(ref: ModelRef) -> Thresholds | None:
+    """The thresholds the model records: its export.json's (an ONNX export's record carries them too)."""
+    if not ref.export_info:
+        return None
+    recorded = ref.export_info.get(THRESHOLDS_KEY)
+    if recorded is not None:
+        return Thresholds.from_dict(recorded)
+    return read_thresholds(ref.uri)
 
 
 def _continue_or_record(job: ExtractJob) -> ExtractJob:
@@ -314,6 +370,8 @@ def summarize(job: ExtractJob, chunk_records: list[dict[str, Any]]) -> dict[str,
         "chunk_size": job.settings.chunk_size,
         "chunk_overlap": job.settings.chunk_overlap,
         "format": job.settings.output_format,
+        "runtime": job.settings.runtime,
+        "precision": job.settings.precision,
     }
 
 

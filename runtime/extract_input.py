@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +75,12 @@ class InputPlan:
         )
 
 
-def scan_input(uri: str, records_per_chunk: int) -> InputPlan:
+def scan_input(
+    uri: str, records_per_chunk: int, check: Callable[[dict[str, Any], str], None] | None = None
+) -> InputPlan:
     """Check every record of `uri` (a RecordError names the line and what to fix), hash the bytes, and note where
-    every `records_per_chunk`-th record starts."""
+    every `records_per_chunk`-th record starts. `check(schema, where)` is called on every record's own schema (the
+    ONNX runtime's coverage), `where` naming the line."""
     fs, path = resolve(uri)
     if not fs.exists(path) or fs.isdir(path):
         raise RecordError(f"input {uri!r} does not exist or is a directory; pass a JSONL file of texts (path or URL)")
@@ -99,6 +102,8 @@ def scan_input(uri: str, records_per_chunk: int) -> InputPlan:
                 if record.schema is None:
                     without += 1
                     first_without = first_without or number
+                elif check is not None:
+                    check(record.schema, f"{uri} line {number}")
             offset += len(raw)
     if records == 0:
         raise RecordError(f"input {uri!r} holds no records; each line must be a JSON object with a 'text'")

@@ -18,6 +18,7 @@
     │   │   └── AdapterMismatchError           a preloaded/loaded LoRA adapter differs from the config
     │   ├── SessionStateError (RuntimeError)   an operation in the wrong order (closed, past max_steps, not fresh)
     │   ├── TrainingNumericsError (FloatingPointError)  non-finite loss/gradients, or a loss without grad
+    │   ├── ParityError (RuntimeError)         an ONNX export outside the parity gate's tolerance (its figures)
     │   ├── RegistryError (ValueError)         a registry name, version or pointer is invalid or missing  [registry]
     │   ├── RunLockedError (RuntimeError)      another live run holds the run key's lease                 [runtime]
     │   └── StorageFullError (OSError)         a write failed with ENOSPC, EFBIG, EDQUOT or EROFS        [runtime]
@@ -42,6 +43,8 @@ tree.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BF16_NEEDS_CUDA",
     "EARLY_STOPPING_NEEDS_VALIDATION",
@@ -52,6 +55,7 @@ __all__ = [
     "DeadCountHeadError",
     "FormatError",
     "ManifestError",
+    "ParityError",
     "PlanMismatchError",
     "PrecisionError",
     "PrefectGliner2Error",
@@ -142,6 +146,18 @@ class SessionStateError(SessionCoreError, RuntimeError):
 
 class TrainingNumericsError(SessionCoreError, FloatingPointError):
     """A non-finite loss or gradient, or a loss that does not require grad while parameters are trainable."""
+
+
+class ParityError(SessionCoreError, RuntimeError):
+    """An ONNX export whose graphs do not extract what the torch model extracts, within the precision's tolerance;
+    `reports` holds the gate's figures per precision (``session_core.onnx_parity``). Nothing was published."""
+
+    def __init__(self, message: str, reports: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.reports = list(reports or [])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.reports), dict(self.__dict__))
 
 
 # ---- transient -------------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ No I/O and no imports beyond the standard library: this module only names things
             config.json model.safetensors    MODEL_CONFIG_FILE, MODEL_WEIGHTS_FILE (a native gliner2 model)
             adapter/ merged/                 ADAPTER_DIR, MERGED_DIR (LoRA runs; PEFT's adapter_config.json and
                                              adapter_model.safetensors: ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE)
+            onnx/                            ONNX_DIR: an ONNX export of it (optional), onnx_export.json written last
+                                             (ONNX_EXPORT_FILE); gliner2_config.json and fp32/ int8/ fp16/ graphs
 
     <registry root>/<name>/
         versions/v000001/                    REGISTRY_VERSIONS_DIR; a model directory + lineage.json (written last)
@@ -60,6 +62,8 @@ __all__ = [
     "MODEL_CONFIG_FILE",
     "MODEL_WEIGHTS_FILE",
     "MODEL_WEIGHTS_INDEX_FILE",
+    "ONNX_DIR",
+    "ONNX_EXPORT_FILE",
     "OPTIMIZER_FILE",
     "OPTIMIZER_TENSORS_FILE",
     "REGISTRY_LINEAGE_FILE",
@@ -116,6 +120,10 @@ MODEL_WEIGHTS_FILE = "model.safetensors"
 MODEL_WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+# ---- ONNX export (the gliner2-onnx runtime's directory plus our marker; training/onnx_export.py) ---------------
+ONNX_EXPORT_FILE = "onnx_export.json"  # written last (the commit): provenance, thresholds, schema, parity figures
+ONNX_DIR = "onnx"  # an ONNX export inside a model export (a training flow's optional step; kept by the registry)
 
 # ---- model registry ------------------------------------------------------------------------------------------
 REGISTRY_VERSIONS_DIR = "versions"

@@ -214,6 +214,7 @@ def test_demo_trains_the_tiny_model_offline(
     assert before and float(before.group(1)) < 0.3  # it learned: the untrained model extracts next to nothing
     assert json.loads((tmp_path / "demo" / "model" / "export.json").read_text())["label"] == "best"
     assert (tmp_path / "demo" / "runs" / "demo" / "cursor.json").exists()
+    _assert_the_demo_model_exports_to_onnx(tmp_path / "demo")
     # a demo directory left by a different plan (e.g. another version): a clear way out, nothing touched
 
     monkeypatch.setitem(DEMO_CONFIG, "seed", 8)
@@ -221,6 +222,25 @@ def test_demo_trains_the_tiny_model_offline(
     assert main(["demo", "--dir", str(tmp_path / "demo")]) == 2
     assert "delete that directory to start the demo over, or pass another --dir" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "demo" / "runs" / "demo" / "checkpoints").iterdir()) == before
+
+
+def _assert_the_demo_model_exports_to_onnx(demo: Path) -> None:
+    """The demo's model as an ONNX export (fp32, int8) behind the parity gate on its validation records: loaded by
+    the gliner2-onnx runtime as written, fp32 extracting exactly what the torch model extracts, int8 within 0.01 F1."""
+    from gliner2_onnx import GLiNER2ONNXRuntime
+
+    from prefect_gliner2.flows.demo import DEMO_SIZES
+
+    argv = ["export", "--model", str(demo / "model"), "--format", "onnx", "--precision", "fp32", "int8"]
+    assert main([*argv, "--data", str(demo / "data" / "valid.jsonl"), "--out", str(demo / "onnx")]) == 0
+    record = json.loads((demo / "onnx" / "onnx_export.json").read_text())
+    for precision, entry in record["precisions"].items():
+        runtime = GLiNER2ONNXRuntime(str(demo / "onnx"), precision=precision)
+        assert runtime.extract_entities("Noah Clark joined Soylent as a manager.", ["person", "company"], 0.3)
+        assert entry["parity"]["passed"] and entry["parity"]["records"] == DEMO_SIZES["valid"], entry["parity"]
+    fp32, int8 = (record["precisions"][p]["parity"] for p in ("fp32", "int8"))
+    assert fp32["equal_lines"] == DEMO_SIZES["valid"] and fp32["span_agreement"] == 1.0 and fp32["f1_torch"] > 0.9
+    assert abs(int8["f1_diff"]) <= 0.01, int8  # measured: 0.9870 for torch, fp32 and int8 alike
 
 
 def test_flow_and_cli_modules_do_not_import_torch() -> None:

@@ -12,6 +12,7 @@
                             [--format jsonl|label-studio|spacy|conll|doccano|spacy-jsonl]
     prefect-gliner2 init-model --encoder DIR_OR_ID --architecture span|boundary --out DIR
     prefect-gliner2 compare --a MODEL --b MODEL --data FILE [--guard FILE] [--json OUT]
+    prefect-gliner2 export --model MODEL --format onnx [--precision fp32 int8] --data GOLD --out DIR [--check]
 
 ``train`` plans the run and records its manifest in the run directory, then runs the training flow on that run key
 through Prefect: against PREFECT_API_URL when set, else a local server the command starts and stops (``server``).
@@ -25,7 +26,8 @@ crashed and exits with 130 or 143 and the resume hint (``interrupts``). ``evalua
 gold records (per-label precision, recall, F1 and support, then the totals) with gliner2's own batched inference, in
 this process. ``extract`` writes a model's extractions for a JSONL file of texts, resumably (the same command after
 a kill continues where it stopped). ``compare`` decides whether model B would replace model A by the retraining
-flow's promotion rule (paired bootstrap intervals, per-label and guard-set checks), in this process.
+flow's promotion rule (paired bootstrap intervals, per-label and guard-set checks), in this process. ``export`` writes a
+model as an ONNX directory for the gliner2-onnx runtime, published only when its parity gate passes on gold records.
 
 A command is a module here with ``add_parser(commands)`` (its arguments, and ``handler`` set to its ``run(args)``,
 which returns the exit status); ``COMMANDS`` lists them in the order ``--help`` shows.
@@ -39,7 +41,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from prefect_gliner2.flows.cli import compare, convert, demo, evaluate, extract, init_model, plan, train, tune
+from prefect_gliner2.flows.cli import compare, convert, demo, evaluate, export, extract, init_model, plan, train, tune
 from prefect_gliner2.flows.cli.args import UsageError
 from prefect_gliner2.flows.cli.interrupts import exit_now, exit_status, handling_signals, report_interrupt
 from prefect_gliner2.flows.cli.server import LocalServerError
@@ -49,7 +51,7 @@ __all__ = ["COMMANDS", "INTERRUPTED", "USAGE_ERROR", "console_main", "main"]
 
 USAGE_ERROR = 2
 INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
-COMMANDS = (train, tune, convert, plan, demo, evaluate, compare, extract, init_model)
+COMMANDS = (train, tune, convert, plan, demo, evaluate, compare, extract, export, init_model)
 
 
 def console_main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from prefect_gliner2.flows.cli.args import positive, threshold
+from prefect_gliner2.session_core.onnx_scope import PRECISIONS, RUNTIME_TORCH, RUNTIMES
 
 __all__ = ["add_parser", "run"]
 
@@ -50,6 +51,18 @@ def add_parser(commands: Any) -> None:
         "--chunk-size", type=positive, default=384, help="longer texts (in words) are split into windows (default 384)"
     )
     parser.add_argument("--chunk-overlap", type=int, default=64, help="words shared by adjacent windows (default 64)")
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=RUNTIME_TORCH,
+        help="torch: gliner2 on the torch model (default); onnx: the model's ONNX export through gliner2-onnx "
+        "(prefect-gliner2 export --format onnx; --model names the export, or a model or registry version that has one)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="the ONNX export's precision to run (default: its first of fp32, int8, fp16); only with --runtime onnx",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -72,10 +85,13 @@ def run(args: Any) -> int:
         chunk_size=args.chunk_size,
         chunk_overlap=args.chunk_overlap,
         output_format=args.output_format,
+        runtime=args.runtime,
+        precision=args.precision,
     )
     job = prepare_job(args.model, args.data, args.out, settings)
+    onnx = f" (ONNX {job.settings.precision}: {job.model.uri})" if job.settings.runtime != RUNTIME_TORCH else ""
     print(
-        f"extracting {job.input.records} record(s) of {args.data} with {job.model.describe()}; threshold "
+        f"extracting {job.input.records} record(s) of {args.data} with {job.model.describe()}{onnx}; threshold "
         f"{job.threshold_source}",
         file=sys.stderr,
     )
@@ -114,5 +130,6 @@ def describe(summary: dict[str, Any]) -> str:
     else:
         lines.append(f"  no text was longer than {summary['chunk_size']} words: none was split")
     version = f" version {summary['version']}" if summary.get("version") else ""
-    lines.append(f"  model {summary['model']}{version}; threshold {summary['threshold_source']}")
+    onnx = f" (ONNX export, {summary['precision']})" if summary.get("runtime", RUNTIME_TORCH) != RUNTIME_TORCH else ""
+    lines.append(f"  model {summary['model']}{version}{onnx}; threshold {summary['threshold_source']}")
     return "\n".join(lines)

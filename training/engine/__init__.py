@@ -28,6 +28,9 @@ Modules, by concern (each says which gliner2 internals it touches):
     identity.py   what identifies a model for state compatibility (its classes, shapes, processor sampling)  internals
     native.py     what the rest of the product uses of gliner2's models: count head, word splitter and chunking,
                   the tokenizer, the save_file binding native saves go through                             internals
+    onnx_graphs.py  a span model's four graphs as the gliner2-onnx runtime runs them (encoder, span rep, count
+                  embedding, classifier), and what keeps a model from that runtime                          internals
+    windows.py    gliner2's word splitter, long-text windows and their merge, for the ONNX runtime's extraction
 
 `SessionEngine` composes the three partial trainers (`EngineGuards`, `EngineState`, `EngineSetup`, each an
 `ExtractorTrainer` subclass with no state of its own) ahead of any native trainer subclass a session composes it
