@@ -10,7 +10,7 @@ from typing import Any
 
 import fsspec
 
-from prefect_gliner2.session_core.errors import FormatError
+from prefect_gliner2.session_core.errors import ConfigError, FormatError
 
 __all__ = ["MAX_LISTED", "Problems", "json_lines", "read_bytes", "read_head", "read_text", "text_lines"]
 
@@ -43,26 +43,26 @@ class Problems:
 
 def read_bytes(uri: str) -> bytes:
     """The whole file (decompressed when its name says so)."""
-    try:
-        with fsspec.open(uri, "rb", compression="infer") as handle:
-            data: bytes = handle.read()
-    except FileNotFoundError:
-        raise FormatError(f"{uri} does not exist; pass an existing file path or URL") from None
-    except IsADirectoryError:
-        raise FormatError(f"{uri} is a directory; pass one file (repeat the option for several)") from None
-    return data
+    return _read(uri, -1)
 
 
 def read_head(uri: str, size: int) -> tuple[bytes, bool]:
     """The first ``size`` bytes (decompressed) and whether the file holds more."""
+    data = _read(uri, size + 1)
+    return data[:size], len(data) > size
+
+
+def _read(uri: str, size: int) -> bytes:
+    """Up to ``size`` bytes (all for -1); a path that names no file is a setting to fix (ConfigError), not a
+    format problem."""
     try:
         with fsspec.open(uri, "rb", compression="infer") as handle:
-            data: bytes = handle.read(size + 1)
+            data: bytes = handle.read(size)
     except FileNotFoundError:
-        raise FormatError(f"{uri} does not exist; pass an existing file path or URL") from None
+        raise ConfigError(f"{uri} does not exist; pass an existing file path or URL") from None
     except IsADirectoryError:
-        raise FormatError(f"{uri} is a directory; pass one file (repeat the option for several)") from None
-    return data[:size], len(data) > size
+        raise ConfigError(f"{uri} is a directory; pass one file (repeat the option for several)") from None
+    return data
 
 
 def read_text(uri: str) -> str:
