@@ -92,9 +92,12 @@ def validation_rows(validations: list[dict[str, Any]]) -> list[dict[str, Any]]:
         labels = entry.get("per_label")
         absent = {key for kind, key in KIND_F1_KEYS.items() if labels and all(r["kind"] != kind for r in labels)}
         row.update({key: _rounded(entry[key]) for key in EXTRACTION_KEYS if key in entry and key not in absent})
+        fitted = entry.get("per_label_fitted")
         for label in entry.get("per_label") or []:
             row[f"{_name(label)} P / R / F1"] = _prf(label)
-        for label in entry.get("per_label_fitted") or []:
+            if not fitted and "confused" in label:  # a validation from before the fit: its confusion at eval_threshold
+                row[f"{_name(label)} fp that are another label's"] = _confused(label)
+        for label in fitted or []:
             at = f" at {label['threshold']:g}" if label.get("threshold") is not None else ""
             row[f"{_name(label)} fitted P / R / F1"] = _prf(label) + at
             row[f"{_name(label)} fp that are another label's"] = _confused(label)

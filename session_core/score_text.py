@@ -1,5 +1,6 @@
-"""Scores in words for logs and terminals: a validation's F1s in one line, and the per-label table that
-``evaluate`` and the demo print (precision, recall, F1, support, and how many false positives are another label's)."""
+"""Scores in words for logs and terminals: a validation's F1s and label confusion in one line, and the per-label
+table that ``evaluate`` and the demo print (precision, recall, F1, support, and how many false positives are another
+label's)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from typing import Any
 
 from prefect_gliner2.session_core.run_warnings import label_warning
 
-__all__ = ["label_table", "validation_scores"]
+__all__ = ["label_confusion", "label_table", "validation_scores"]
 
 
 def validation_scores(metrics: Mapping[str, Any]) -> str:
     """A validation's F1s: ``F1 0.9000 (macro 0.8000; P 0.9000, R 0.9000) at eval_threshold, 0.9500 (macro 0.9000)
     at the fitted thresholds; WARNING: F1 0 on this validation for label(s) with gold mentions: entities/day (27
-    gold)`` (the warning at the fitted thresholds when measured); "" without extraction metrics."""
+    gold)`` (the label confusion, :func:`label_confusion`, and the warning at the fitted thresholds when measured); ""
+    without extraction metrics."""
     if "eval_f1" not in metrics:
         return ""
     text = (
@@ -25,8 +27,22 @@ def validation_scores(metrics: Mapping[str, Any]) -> str:
         text += (
             f", {metrics['eval_f1_fitted']:.4f} (macro {metrics['eval_macro_f1_fitted']:.4f}) at the fitted thresholds"
         )
-    warning = label_warning(metrics.get("per_label_fitted") or metrics.get("per_label") or [], "this validation")
-    return text + (f"; WARNING: {warning}" if warning else "")
+    rows = metrics.get("per_label_fitted") or metrics.get("per_label") or []
+    confused = label_confusion(rows)
+    warning = label_warning(rows, "this validation")
+    return text + (f"; {confused}" if confused else "") + (f"; WARNING: {warning}" if warning else "")
+
+
+def label_confusion(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``false positives that are another label's gold mentions: entities/person 4 of 6 (company 4)`` for the labels
+    (per-label rows of ``ScoreReport.rows()``) with any; "" when none has."""
+    parts = []
+    for row in rows:
+        if row.get("confused"):
+            others = ", ".join(f"{k} {n}" for k, n in (row.get("confused_with") or {}).items())
+            name = f"{row['kind']}/{row['label']}"
+            parts.append(f"{name} {row['confused']} of {row['fp']}" + (f" ({others})" if others else ""))
+    return f"false positives that are another label's gold mentions: {', '.join(parts)}" if parts else ""
 
 
 def label_table(rows: Sequence[Mapping[str, Any]], total: Mapping[str, Any], *, indent: str = "") -> list[str]:

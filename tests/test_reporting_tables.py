@@ -41,3 +41,15 @@ def test_only_kinds_with_labels_get_an_f1_column() -> None:
 def test_without_per_label_scores_every_measured_key_stays() -> None:
     [row] = validation_rows([_entry(None)])
     assert {"eval_entity_f1", "eval_relation_f1", "eval_classification_f1", "eval_structure_f1"} <= set(row)
+
+
+def test_each_label_shows_how_many_false_positives_are_another_labels() -> None:
+    person = {**_label("entities", "person"), "fp": 5, "confused": 3, "confused_with": {"city": 2, "day": 1}}
+    city = {**_label("entities", "city"), "fp": 1, "confused": 0, "confused_with": {}}
+    fitted = [{**person, "confused": 1, "confused_with": {"city": 1}, "threshold": 0.3}, {**city, "threshold": 0.5}]
+    [row] = validation_rows([{**_entry([person, city]), "per_label_fitted": fitted}])
+    assert row["person fp that are another label's"] == "1 (city 1)"  # at the fitted thresholds: what ships
+    assert row["city fp that are another label's"] == "0"
+    assert row["person fitted P / R / F1"] == "0.500 / 0.250 / 0.333 at 0.3"
+    [before_the_fit] = validation_rows([_entry([person, city])])  # a history from before the fit: at eval_threshold
+    assert before_the_fit["person fp that are another label's"] == "3 (city 2, day 1)"

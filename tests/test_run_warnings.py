@@ -48,6 +48,7 @@ def test_held_out_and_validation_lines_name_labels_at_f1_0() -> None:
     assert table[3].split() == ["entities/person", "0.0000", "0.0000", "0.0000", "0", "1", "(city", "1)"]
     metrics = {**report.metrics(), "per_label": rows}
     assert validation_scores(metrics) == (
-        "F1 0.5000 (macro 0.3333; P 0.5000, R 0.5000) at eval_threshold; WARNING: F1 0 on this validation for "
-        "label(s) with gold mentions: entities/day (1 gold)"
+        "F1 0.5000 (macro 0.3333; P 0.5000, R 0.5000) at eval_threshold; false positives that are another label's "
+        "gold mentions: entities/person 1 of 1 (city 1); WARNING: F1 0 on this validation for label(s) with gold "
+        "mentions: entities/day (1 gold)"
     )
