@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlflow.models
-import mlflow.pyfunc
+from mlflow.pyfunc.model import PythonModel
 
 from prefect_gliner2.runtime.extract_model import Extractor, resolve_model
 from prefect_gliner2.runtime.mlflow_model import ARTIFACT
@@ -29,7 +29,7 @@ __all__ = ["GlinerExtraction"]
 CHUNK_SIZE, CHUNK_OVERLAP, BATCH_SIZE = 384, 64, 8  # prefect-gliner2 extract's defaults (ExtractSettings)
 
 
-class GlinerExtraction(mlflow.pyfunc.PythonModel):  # type: ignore[misc]  # mlflow ships no type information
+class GlinerExtraction(PythonModel):  # type: ignore[misc]
     """An export as a pyfunc model: texts in, one gliner2 result per text out (``{"entities": {label: [text]}}``,
     relations and structures as the trained schema has them), at the export's fitted thresholds."""
 
@@ -39,7 +39,9 @@ class GlinerExtraction(mlflow.pyfunc.PythonModel):  # type: ignore[misc]  # mlfl
         self._schema = self._ref.trained_schema() or {}
         self._extractor: Extractor | None = None
 
-    def predict(self, model_input: list[str], params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def predict(
+        self, context: Any, model_input: list[str], params: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
         """One gliner2 result per text, with the schema the model was trained on and its fitted thresholds."""
         if not self._schema:
             raise ValueError(f"{self._ref.uri} records no trained schema in its export.json: nothing to extract")
