@@ -23,9 +23,8 @@ from prefect_gliner2.session_core.layout import EXPORT_MARKER_FILE
 from prefect_gliner2.session_core.storage import is_local, resolve
 from prefect_gliner2.session_core.thresholds import DEFAULT_THRESHOLD, KINDS, THRESHOLDS_KEY, Thresholds
 
-__all__ = ["MODEL_NAME", "MODEL_TYPE", "WEIGHTS_TAG", "PyfuncModel", "export_info", "find_logged_model", "log_export"]
+__all__ = ["MODEL_TYPE", "WEIGHTS_TAG", "PyfuncModel", "export_info", "find_logged_model", "log_export"]
 
-MODEL_NAME = "model"  # the logged model's name within its run
 MODEL_TYPE = "gliner2"
 WEIGHTS_TAG = "prefect-gliner2.weights-sha256"  # the export's weights digest (export.json weights_sha256)
 EXPORT_TAG = "prefect-gliner2.export"
@@ -34,10 +33,16 @@ PyfuncModel = Callable[[str], Mapping[str, Any]]  # a local export directory -> 
 
 
 def log_export(
-    client: Any, run: Any, export_uri: str, tags: Mapping[str, str], params: Mapping[str, Any], pyfunc: PyfuncModel
+    client: Any,
+    run: Any,
+    export_uri: str,
+    name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, Any],
+    pyfunc: PyfuncModel,
 ) -> str:
-    """Log the export at `export_uri` as a logged model of MLflow `run` (unless it is logged already) and return
-    the model's id; `tags` and `params` (the run's) are added to the model's own."""
+    """Log the export at `export_uri` as the logged model `name` of MLflow `run` (unless it is logged already) and
+    return the model's id; `tags` and `params` (the run's) are added to the model's own."""
     import mlflow.pyfunc
     from mlflow.models import Model
 
@@ -52,12 +57,12 @@ def log_export(
             own[WEIGHTS_TAG] = str(info["weights_sha256"])
         # in the run's experiment (Model.log alone would create it in the active experiment, whatever that is)
         model = client.create_logged_model(
-            experiment_id, name=MODEL_NAME, source_run_id=run_id, tags={**tags, **own}, model_type=MODEL_TYPE
+            experiment_id, name=name, source_run_id=run_id, tags={**tags, **own}, model_type=MODEL_TYPE
         )
         client.log_model_params(model.model_id, {**_strings(params), **model_params(info)})
         Model.log(
             artifact_path=None,
-            name=MODEL_NAME,
+            name=name,
             flavor=mlflow.pyfunc,
             run_id=run_id,
             model_id=model.model_id,

@@ -36,6 +36,7 @@ RUN_KEY_TAG = "prefect-gliner2.run-key"
 FINGERPRINT_TAG = "prefect-gliner2.plan-fingerprint"
 VERSION_TAG = "prefect-gliner2.version"
 FLOW_RUN_TAG = "prefect-gliner2.flow-run-id"
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # MLflow UI's view
 BATCH = 1000  # metrics per log_batch request (MLflow's limit)
 MIRROR_TIMEOUT = 120.0  # seconds a promotion waits for its MLflow mirror
 _warned: set[str] = set()
@@ -71,9 +72,15 @@ def _client() -> Any:
 
 
 def _experiment_id(client: Any) -> str:
+    """The experiment's id (created when missing); one without a kind is marked a model-training experiment, so
+    MLflow's UI shows its runs and logged models in the model-training view rather than the GenAI one."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "prefect-gliner2"
     found = client.get_experiment_by_name(name)
-    return str(found.experiment_id) if found is not None else str(client.create_experiment(name))
+    if found is None:
+        return str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}))
+    if EXPERIMENT_KIND_TAG not in found.tags:
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return str(found.experiment_id)
 
 
 def find_run(client: Any, run_key: str, fingerprint: str | None = None) -> Any:
@@ -206,7 +213,8 @@ class MlflowRun:
         if export_uri:
             if self.pyfunc is not None:
                 tags = {RUN_KEY_TAG: self.run_key, FINGERPRINT_TAG: self.fingerprint}
-                log_export(client, client.get_run(self.run_id), export_uri, tags, self.params, self.pyfunc)
+                run = client.get_run(self.run_id)
+                log_export(client, run, export_uri, self.run_key, tags, self.params, self.pyfunc)
             client.set_tag(self.run_id, "prefect-gliner2.export", export_uri)
         for key in ("best_metric", "best_step", "total_steps"):
             if isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool):

@@ -120,7 +120,9 @@ def test_a_crashed_and_resumed_run_is_one_mlflow_run_with_each_step_once_and_pro
     assert crashed.info.status == "RUNNING" and _steps(client, crashed.info.run_id, "eval_f1") == [3]
     summary = run_flow(**params)
 
-    runs = client.search_runs([client.get_experiment_by_name("suite").experiment_id])
+    experiment = client.get_experiment_by_name("suite")
+    assert experiment.tags[mlflow_sync.EXPERIMENT_KIND_TAG] == "custom_model_development"  # the UI's model view
+    runs = client.search_runs([experiment.experiment_id])
     assert [r.info.run_id for r in runs] == [crashed.info.run_id], "the resumed run continues the same MLflow run"
     run = client.get_run(crashed.info.run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == RUN_KEY
@@ -172,7 +174,7 @@ def _assert_logged_model(client: Any, run: Any, export: str) -> str:
         run.info.experiment_id,
         "READY",
     )
-    assert output.step == info["step"] and model.tags[WEIGHTS_TAG] == info["weights_sha256"]
+    assert output.step == info["step"] and model.tags[WEIGHTS_TAG] == info["weights_sha256"] and model.name == RUN_KEY
     assert model.params["threshold"] == str(info["thresholds"]["threshold"]) and info["thresholds"]["fitted"]
     per_label = {k: v for k, v in model.params.items() if k.startswith("threshold/")}
     assert per_label == {
