@@ -36,7 +36,6 @@ RUN_KEY_TAG = "prefect-gliner2.run-key"
 FINGERPRINT_TAG = "prefect-gliner2.plan-fingerprint"
 VERSION_TAG = "prefect-gliner2.version"
 FLOW_RUN_TAG = "prefect-gliner2.flow-run-id"
-EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # MLflow UI's view
 BATCH = 1000  # metrics per log_batch request (MLflow's limit)
 MIRROR_TIMEOUT = 120.0  # seconds a promotion waits for its MLflow mirror
 _warned: set[str] = set()
@@ -72,15 +71,9 @@ def _client() -> Any:
 
 
 def _experiment_id(client: Any) -> str:
-    """The experiment's id (created when missing); one without a kind is marked a model-training experiment, so
-    MLflow's UI shows its runs and logged models in the model-training view rather than the GenAI one."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "prefect-gliner2"
     found = client.get_experiment_by_name(name)
-    if found is None:
-        return str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING}))
-    if EXPERIMENT_KIND_TAG not in found.tags:
-        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
-    return str(found.experiment_id)
+    return str(found.experiment_id) if found is not None else str(client.create_experiment(name))
 
 
 def find_run(client: Any, run_key: str, fingerprint: str | None = None) -> Any:
