@@ -205,14 +205,24 @@ class MlflowRun:
     def _finish(self, client: Any, export_uri: str | None, summary: dict[str, Any]) -> None:
         if export_uri:
             if self.pyfunc is not None:
-                tags = {RUN_KEY_TAG: self.run_key, FINGERPRINT_TAG: self.fingerprint}
-                run = client.get_run(self.run_id)
-                log_export(client, run, export_uri, self.run_key, tags, self.params, self.pyfunc)
+                self._log_model(client, export_uri, self.pyfunc)
             client.set_tag(self.run_id, "prefect-gliner2.export", export_uri)
         for key in ("best_metric", "best_step", "total_steps"):
             if isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool):
                 client.set_tag(self.run_id, f"prefect-gliner2.{key}", str(summary[key]))
         client.set_terminated(self.run_id, status="FINISHED")
+
+    def _log_model(self, client: Any, export_uri: str, pyfunc: PyfuncModel) -> None:
+        """The export as the run's logged model; a missing dependency is a warning and the run still finishes."""
+        tags = {RUN_KEY_TAG: self.run_key, FINGERPRINT_TAG: self.fingerprint}
+        try:
+            log_export(client, client.get_run(self.run_id), export_uri, self.run_key, tags, self.params, pyfunc)
+        except ImportError as exc:
+            logger.warning(
+                "the model of run %s is not logged to MLflow: %s (pip install 'prefect-gliner2[mlflow]')",
+                self.run_key,
+                exc,
+            )
 
 
 def mirror_promotion(registry: Any, version: Any) -> None:

@@ -210,18 +210,44 @@ def _assert_extracts_as_the_product(predictions: Any, export: str, texts: list[s
     assert any(found for result in expected for found in result["entities"].values()), expected
 
 
+def _tiny_export(space: dict[str, Any], folder: Path) -> Path:
+    """The space's tiny model as an export with fitted thresholds and a trained schema."""
+    shutil.copytree(space["span"], folder)
+    thresholds = {"threshold": 0.3, "entities": {"person": 0.6}, "fitted": True}
+    info = {"label": "final", "step": 1, "thresholds": thresholds, "schema": {"entities": list(TINY_ENTITY_TYPES)}}
+    (folder / EXPORT_MARKER_FILE).write_text(json.dumps(info))
+    return folder
+
+
+def test_a_model_that_cannot_be_logged_is_a_warning_and_the_run_still_finishes(
+    server: MlflowServer,
+    space: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from prefect_gliner2.runtime.mlflow_model import pyfunc_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "no-pyfunc")
+    monkeypatch.setitem(sys.modules, "mlflow.pyfunc", None)  # as when pandas (which it imports) is missing
+    with caplog.at_level(logging.WARNING, logger=mlflow_sync.__name__):
+        run = mlflow_sync.MlflowRun("no-pyfunc", "f" * 64, {"seed": 1}, pyfunc=pyfunc_model)
+        run.start([{"step": 1, "loss": 1.0}])
+        run.finish(str(_tiny_export(space, tmp_path / "export")), {"total_steps": 1})
+        assert run.close(120)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == mlflow_sync.__name__]
+    assert "model of run no-pyfunc is not logged" in warning and "prefect-gliner2[mlflow]" in warning, warning
+    logged = _client(server.uri).get_run(str(run.run_id))
+    assert logged.info.status == "FINISHED" and not logged.outputs.model_outputs
+
+
 def test_the_mlflow_extra_alone_logs_and_loads_the_model(
     server: MlflowServer, space: dict[str, Any], tmp_path: Path
 ) -> None:
     """In an interpreter that sees only what ``pip install 'prefect-gliner2[mlflow]'`` installs (mlflow-skinny, not
     the test extra's full mlflow), an export is logged as a run's model and loads and extracts from models:/."""
-    export = tmp_path / "export"
-    shutil.copytree(space["span"], export)
-    schema = {"entities": list(TINY_ENTITY_TYPES)}
-    thresholds = {"threshold": 0.3, "entities": {"person": 0.6}, "fitted": True}
-    (export / EXPORT_MARKER_FILE).write_text(
-        json.dumps({"label": "final", "step": 1, "thresholds": thresholds, "schema": schema})
-    )
+    export = _tiny_export(space, tmp_path / "export")
     allowed = site_view("mlflow", tmp_path / "site")
     assert "mlflow-skinny" in allowed and not {"mlflow", "flask", "pytest"} & allowed, sorted(allowed)
     texts = [record["input"] for record in _records(space["inputs"]["valid"])[:2]]
