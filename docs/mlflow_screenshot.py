@@ -35,6 +35,7 @@ from support.services import free_port  # noqa: E402
 
 VIEW = "workflowType=machine_learning"  # MLflow's model-training view (its UI opens in the GenAI one)
 NAME = "ner-demo"  # the registry model, and MLflow's registered model
+EXPERIMENT = "prefect-gliner2-demo"
 
 
 def main() -> int:
@@ -53,11 +54,12 @@ def main() -> int:
 
             from prefect_gliner2.model_registry import ModelRegistry
 
-            os.environ["MLFLOW_TRACKING_URI"] = server.uri  # the promotion's MLflow mirror
+            # the promotion's MLflow mirror finds the training run in the run's experiment
+            os.environ.update(MLFLOW_TRACKING_URI=server.uri, MLFLOW_EXPERIMENT_NAME=EXPERIMENT)
             registry = ModelRegistry(str(work / "registry"), NAME)
             registry.promote(registry.register(export, {"run_key": "mlflow-demo"}).version)
             client = MlflowClient(tracking_uri=server.uri)
-            experiment = client.get_experiment_by_name("prefect-gliner2-demo")
+            experiment = client.get_experiment_by_name(EXPERIMENT)
             [run] = client.search_runs([experiment.experiment_id])
             [logged] = run.outputs.model_outputs
             base = f"{server.uri}/#/experiments/{experiment.experiment_id}"
@@ -80,7 +82,7 @@ def _train(uri: str, epochs: int, work: Path) -> str:
         os.environ,
         PREFECT_HOME=str(work / "home"),
         MLFLOW_TRACKING_URI=uri,
-        MLFLOW_EXPERIMENT_NAME="prefect-gliner2-demo",
+        MLFLOW_EXPERIMENT_NAME=EXPERIMENT,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600",
     )
     env.pop("PREFECT_API_URL", None)

@@ -1,6 +1,6 @@
 """An export as an MLflow logged model of its training run (MLflow 3's "logged models"): the export directory as
 the artifact of a pyfunc model that extracts with the export's fitted thresholds and trained schema, those
-thresholds and that schema (with the run's parameters) as the model's parameters, the validation metrics of the
+thresholds and that schema as the model's parameters (the run's own are on the run), the validation metrics of the
 exported weights' step linked to it; found again by its weights digest, so an export is logged once and a registry
 version finds the logged model it came from.
 
@@ -42,7 +42,7 @@ def log_export(
     pyfunc: PyfuncModel,
 ) -> str:
     """Log the export at `export_uri` as the logged model `name` of MLflow `run` (unless it is logged already) and
-    return the model's id; `tags` and `params` (the run's) are added to the model's own."""
+    return the model's id; `tags` and `params` (where it comes from) are added to the model's own."""
     import mlflow.pyfunc
     from mlflow.models import Model
 

@@ -215,8 +215,10 @@ class MlflowRun:
     def _log_model(self, client: Any, export_uri: str, pyfunc: PyfuncModel) -> None:
         """The export as the run's logged model; a missing dependency is a warning and the run still finishes."""
         tags = {RUN_KEY_TAG: self.run_key, FINGERPRINT_TAG: self.fingerprint}
+        origin = {"run_key": self.run_key, "base_model": self.params.get("model")}
+        params = {key: value for key, value in origin.items() if value is not None}
         try:
-            log_export(client, client.get_run(self.run_id), export_uri, self.run_key, tags, self.params, pyfunc)
+            log_export(client, client.get_run(self.run_id), export_uri, self.run_key, tags, params, pyfunc)
         except ImportError as exc:
             logger.warning(
                 "the model of run %s is not logged to MLflow: %s (pip install 'prefect-gliner2[mlflow]')",

@@ -180,7 +180,9 @@ def _assert_logged_model(client: Any, run: Any, export: str) -> str:
         for kind in ("entities", "relations", "fields")
         for label, value in info["thresholds"][kind].items()
     }
-    assert json.loads(model.params["schema"]) == info["schema"] and model.params["seed"] == "11"
+    assert json.loads(model.params["schema"]) == info["schema"]
+    own = {"threshold", "thresholds_fitted", "schema", "export_step", "export_label", "run_key", "base_model"}
+    assert set(model.params) == own | set(per_label) and model.params["base_model"] == run.data.params["model"]
     linked = {m.key: m.value for m in model.metrics}  # the run's metrics at the exported weights' step
     at_step = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "eval_f1")}
     assert linked["eval_f1"] == at_step[info["step"]] and "loss" in linked, linked
