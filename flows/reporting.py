@@ -37,6 +37,7 @@ from prefect_gliner2.flows.report_text import (
 )
 from prefect_gliner2.model_registry import mlflow_sync
 from prefect_gliner2.runtime.events import validation_event
+from prefect_gliner2.runtime.mlflow_model import pyfunc_model
 from prefect_gliner2.runtime.protocol import AdvanceResult, CheckpointResult, SummaryResult, ValidateResult
 
 __all__ = ["RunReporter", "add_listener", "mlflow_tracking", "remove_listener"]
@@ -62,7 +63,8 @@ def remove_listener(listener: Listener) -> None:
 
 def mlflow_tracking(run_key: str, plan: Any, model: str, flow_run_id: str | None) -> mlflow_sync.MlflowRun | None:
     """The run's MLflow mirror when MLflow is configured (model_registry/mlflow_sync.py), else None; its
-    parameters are the training config and where the run comes from."""
+    parameters are the training config and where the run comes from; its export becomes the run's logged model
+    (a pyfunc model: runtime/mlflow_model.py)."""
     if not mlflow_sync.enabled():
         return None
     params = {
@@ -73,7 +75,7 @@ def mlflow_tracking(run_key: str, plan: Any, model: str, flow_run_id: str | None
         "batch_count": plan.batch_count,
         "max_steps": plan.max_steps,
     }
-    return mlflow_sync.MlflowRun(run_key, plan.fingerprint, params, flow_run_id)
+    return mlflow_sync.MlflowRun(run_key, plan.fingerprint, params, flow_run_id, pyfunc=pyfunc_model)
 
 
 class RunReporter:

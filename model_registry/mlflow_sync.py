@@ -1,5 +1,6 @@
 """The optional MLflow mirror: each training run's parameters, step metrics, validation metrics and exported model
-as one MLflow run, and the registry's promotions as MLflow model versions with the alias ``champion``.
+as one MLflow run (the export as the run's logged model, ``model_registry.mlflow_logged_model``), and the
+registry's promotions as MLflow model versions of those logged models with the alias ``champion``.
 
 On when ``MLFLOW_TRACKING_URI`` is set (MLflow's own variable; ``PREFECT_GLINER2_MLFLOW=0`` turns the mirror off
 anyway) and the ``mlflow`` client is installed (``pip install 'prefect-gliner2[mlflow]'``); the experiment is
@@ -9,8 +10,8 @@ run: an MLflow error is logged as a warning and training goes on.
 Resumable: a run key's MLflow run is found again by its tags (run key and plan fingerprint), so a resumed run
 continues it; metrics are logged by step, and a resumed run logs only the steps past the last one MLflow already
 holds (the replayed steps are bit-identical), so a crash never duplicates a step. A registry version is one MLflow
-model version (tagged with the registry's version id, found again rather than created twice), made from the
-training run's logged model. Prefect-free and torch-free.
+model version (tagged with the registry's version id, found again rather than created twice) whose source is the
+logged model of the training run with the same weights. Prefect-free and torch-free.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import logging
 import os
 import queue
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from prefect_gliner2.model_registry.mlflow_logged_model import PyfuncModel, export_info, find_logged_model, log_export
 
 __all__ = ["CHAMPION", "MlflowRun", "enabled", "find_run", "mirror_promotion"]
 
@@ -34,7 +36,6 @@ RUN_KEY_TAG = "prefect-gliner2.run-key"
 FINGERPRINT_TAG = "prefect-gliner2.plan-fingerprint"
 VERSION_TAG = "prefect-gliner2.version"
 FLOW_RUN_TAG = "prefect-gliner2.flow-run-id"
-MODEL_PATH = "model"  # the exported model's artifact path in its run
 BATCH = 1000  # metrics per log_batch request (MLflow's limit)
 MIRROR_TIMEOUT = 120.0  # seconds a promotion waits for its MLflow mirror
 _warned: set[str] = set()
@@ -87,8 +88,18 @@ def find_run(client: Any, run_key: str, fingerprint: str | None = None) -> Any:
 class MlflowRun:
     """One run key's MLflow run, written in order from a background thread (training never waits for MLflow)."""
 
-    def __init__(self, run_key: str, fingerprint: str, params: dict[str, Any], flow_run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        run_key: str,
+        fingerprint: str,
+        params: dict[str, Any],
+        flow_run_id: str | None = None,
+        pyfunc: PyfuncModel | None = None,
+    ) -> None:
+        """`pyfunc`: the flavour arguments an export is logged with (``runtime.mlflow_model.pyfunc_model``); None:
+        the export is only named in a tag."""
         self.run_key, self.fingerprint, self.params, self.flow_run_id = run_key, fingerprint, params, flow_run_id
+        self.pyfunc = pyfunc
         self.run_id: str | None = None
         self.logged_step = self.logged_eval = -1  # the last steps MLflow holds (a resumed run logs past them)
         self._jobs: queue.Queue[Callable[[Any], None] | None] = queue.Queue()
@@ -117,7 +128,7 @@ class MlflowRun:
         self._jobs.put(lambda client: self._log_validation(client, entry))
 
     def finish(self, export_uri: str | None, summary: dict[str, Any]) -> None:
-        """Log the exported model (under ``model/``) and the outcome; the MLflow run ends FINISHED."""
+        """Log the exported model (the run's logged model) and the outcome; the MLflow run ends FINISHED."""
         self._jobs.put(lambda client: self._finish(client, export_uri, summary))
 
     def close(self, timeout: float = 120.0, *, failed: bool = False) -> bool:
@@ -195,18 +206,33 @@ class MlflowRun:
 
     def _finish(self, client: Any, export_uri: str | None, summary: dict[str, Any]) -> None:
         if export_uri:
-            _log_directory(client, str(self.run_id), export_uri, MODEL_PATH)
+            if self.pyfunc is not None:
+                self._log_model(client, export_uri, self.pyfunc)
             client.set_tag(self.run_id, "prefect-gliner2.export", export_uri)
         for key in ("best_metric", "best_step", "total_steps"):
             if isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool):
                 client.set_tag(self.run_id, f"prefect-gliner2.{key}", str(summary[key]))
         client.set_terminated(self.run_id, status="FINISHED")
 
+    def _log_model(self, client: Any, export_uri: str, pyfunc: PyfuncModel) -> None:
+        """The export as the run's logged model; a missing dependency is a warning and the run still finishes."""
+        tags = {RUN_KEY_TAG: self.run_key, FINGERPRINT_TAG: self.fingerprint}
+        origin = {"run_key": self.run_key, "base_model": self.params.get("model")}
+        params = {key: value for key, value in origin.items() if value is not None}
+        try:
+            log_export(client, client.get_run(self.run_id), export_uri, self.run_key, tags, params, pyfunc)
+        except ImportError as exc:
+            logger.warning(
+                "the model of run %s is not logged to MLflow: %s (pip install 'prefect-gliner2[mlflow]')",
+                self.run_key,
+                exc,
+            )
+
 
 def mirror_promotion(registry: Any, version: Any) -> None:
     """Mirror a promotion: registry `version` (a ``ModelVersion``) as a version of the registered MLflow model of
     the same name, made from its training run's logged model, with the alias ``champion``. Nothing when MLflow is
-    off; a warning when it fails or the training run was never logged to MLflow."""
+    off; a warning when it fails or the training run (or its logged model) is not in MLflow."""
     if not enabled():
         return
 
@@ -237,6 +263,17 @@ def _mirror(client: Any, name: str, version: Any) -> None:
             "%s %s: its training run %s is not in MLflow; no model version made", name, version.version, run_key
         )
         return
+    weights = export_info(version.uri).get("weights_sha256")
+    logged = find_logged_model(client, run.info.experiment_id, run.info.run_id, weights)
+    if logged is None:
+        logger.warning(
+            "%s %s: its training run %s has no logged model%s in MLflow; no model version made",
+            name,
+            version.version,
+            run_key,
+            f" with weights {weights}" if weights else "",
+        )
+        return
     from mlflow.exceptions import MlflowException
 
     try:
@@ -249,8 +286,9 @@ def _mirror(client: Any, name: str, version: Any) -> None:
         model_version = existing[0]
     else:
         tags = {VERSION_TAG: version.version, "prefect-gliner2.uri": version.uri}
-        source = f"{run.info.artifact_uri.rstrip('/')}/{MODEL_PATH}"
-        model_version = client.create_model_version(name, source, run_id=run.info.run_id, tags=tags)
+        model_version = client.create_model_version(
+            name, f"models:/{logged.model_id}", run_id=run.info.run_id, tags=tags, model_id=logged.model_id
+        )
     client.set_registered_model_alias(name, CHAMPION, str(model_version.version))
 
 
@@ -272,19 +310,6 @@ def _metric_key(key: str) -> str:
 def _last_step(client: Any, run_id: str, key: str) -> int:
     history = client.get_metric_history(run_id, key)
     return max((int(m.step) for m in history), default=-1)
-
-
-def _log_directory(client: Any, run_id: str, uri: str, artifact_path: str) -> None:
-    """Log a model directory (local, or copied from remote storage first) under `artifact_path`."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        client.log_artifacts(run_id, path, artifact_path)
-        return
-    with tempfile.TemporaryDirectory(prefix="gliner2-mlflow-") as local:
-        fs.get(path.rstrip("/") + "/", local, recursive=True)
-        client.log_artifacts(run_id, local, artifact_path)
 
 
 def _quoted(value: str) -> str:
