@@ -6,12 +6,14 @@
 Reads every ``--durations=0`` line of the log (setup, call and teardown of each test), sums them per file, collects
 the suite (``pytest --collect-only -q``, for each file's tests in order) and replays pytest-xdist's ``loadfile``
 scheduling (3.x: a process takes the next whole file from the queue whenever it has at most 2 tests left) on two
-processes with these durations, for two queue orders: xdist's default (files with the most tests first, what
-``make test`` uses) and the longest files first (``--no-loadscope-reorder`` with the files ordered by these
-durations). Printed: the per-file table, each order's makespan (the replayed wall time, start-up and collection left
-out) and the idle time of the process that finishes first, and the lower bound (half the test time, or the longest
-file). The replay is a model of the scheduler with measured test times, so both orders are compared on the same
-times, not on two runs of a noisy host; when the default is near the bound, only shorter tests shorten the suite.
+processes with these durations, for three queue orders: the suite's (collection order: ``tests/conftest.py`` puts
+the files of ``HEAVIEST_FIRST`` first and turns xdist's reordering off; what ``make test`` uses), xdist's own default
+(files with the most tests first) and the longest files first by these durations. Printed: the per-file table, each
+order's makespan (the replayed wall time, start-up and collection left out) and the idle time of the process that
+finishes first, and the lower bound (half the test time, or the longest file). The replay is a model of the
+scheduler with measured test times, so the orders are compared on the same times, not on two runs of a noisy host;
+when an order is near the bound, only shorter tests shorten the suite. Where the time goes inside the tests (the CPU
+of the processes each one starts): ``bench/suite_profile.py``.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def main() -> int:
     # xdist's default: the files in pytest's own order (by name), then most tests first (a stable sort)
     default_order = sorted(by_file.items(), key=lambda item: (-len(item[1]), item[0]))
     for label, order in (
+        ("the suite's order (collection order)", list(by_file.items())),
         ("xdist's default (most tests first)", default_order),
         ("the longest files first", longest_first),
     ):

@@ -4,6 +4,10 @@ Shared helpers live in the ``support`` package (tests/support/); the one session
 ``prefect_server`` fixture below, used by every module that runs flows. The real services some tests need (an S3
 API server, PostgreSQL) are fixtures from ``support.services``, registered here: ``s3_endpoint``, ``s3_bucket``,
 ``postgres_url``.
+
+The files run heaviest first (``HEAVIEST_FIRST``): ``make test`` hands whole files to two processes (``--dist
+loadfile``) in collection order, so the last files handed out are short ones and neither process is left running a
+long file alone at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +30,49 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
 # count is part of a checkpoint's compatibility, so parents and children must agree.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PREFECT_GLINER2_CACHE", tempfile.mkdtemp(prefix="prefect-gliner2-cache-"))
+
+
+# The costliest files, heaviest first: CPU seconds of each file's processes in one `make test` (2 cores, tests/
+# support's profile of 2026-06-09), rounded: chaos 136, retrain 102, worker 96, cli 89, flow 88, interrupts 85,
+# background_checkpoints 73, flow_crash 64, deployments 60, object_storage 48, ... The other files follow in their
+# usual order (most take a few seconds).
+HEAVIEST_FIRST = (
+    "test_chaos.py",
+    "test_retrain.py",
+    "test_worker.py",
+    "test_cli.py",
+    "test_flow.py",
+    "test_interrupts.py",
+    "test_background_checkpoints.py",
+    "test_flow_crash.py",
+    "test_deployments.py",
+    "test_object_storage.py",
+    "test_params.py",
+    "test_auto_grain.py",
+    "test_ui_state.py",
+    "test_managed_training_session.py",
+    "test_model_init.py",
+    "test_training_session.py",
+    "test_mlflow.py",
+    "test_resume_reads_once.py",
+    "test_extract.py",
+    "test_curves.py",
+    "test_bad_inputs_flow.py",
+    "test_events.py",
+    "test_signal_in_task_creation.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's --dist loadfile hands out files with the most tests first unless told to keep this order
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Heaviest files first (``HEAVIEST_FIRST``), the others after them in collection order."""
+    rank = {name: index for index, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order in a file
 
 
 @pytest.fixture(scope="session")

@@ -63,6 +63,7 @@ def test_exact_continuation_in_a_fresh_process_from_mid_window(arch, lora, tmp_p
             "checkpoint": str(tmp_path / "ckpt"),
             "out": str(tmp_path / "out.st"),
         },
+        interpreter=(arch, lora) == CASES[0],  # one case in a fresh interpreter, the others forked (support.forkserver)
     )
     assert child["losses"] == tail
     assert child["step"] == plan.max_steps

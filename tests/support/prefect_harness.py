@@ -3,7 +3,8 @@
 The server is ``prefect_test_harness`` (SQLite, loopback). Flow-run heartbeats are switched off in this process
 (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` cannot be unset from the environment): each flow run would otherwise pay
 about a second joining its heartbeat thread. Subprocess flows reach the same server through the yielded API URL
-(``PREFECT_API_URL``).
+(``PREFECT_API_URL``). The server writes the events it receives every 0.5 s instead of every 5 s (Prefect's
+default): a test that reads a run's events back waits for that write.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ def local_prefect_server() -> Iterator[str]:
     from prefect.testing.utilities import prefect_test_harness
 
     with (
+        temporary_settings(  # before the server starts: it takes its settings from this process's
+            updates={
+                settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                settings.PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL: 0.5,
+            }
+        ),
         prefect_test_harness(server_startup_timeout=120),
-        temporary_settings(updates={settings.PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
     ):
         yield str(settings.PREFECT_API_URL.value())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from prefect_gliner2.training import ManagedTrainingPlan, TrainingConfig, Traini
 from prefect_gliner2.training.tiny import build_tiny_model, tiny_records
 
 from support.config import training_config
+from support.forkserver import ForkServer
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -97,17 +99,40 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert not differing, f"{len(differing)} tensors differ, e.g. {differing[:5]}"
 
 
-def run_child(module: str, args: dict[str, Any], timeout: int = 300) -> dict[str, Any]:
-    """Run ``python -m support.<module>`` in a fresh interpreter with JSON args; returns its JSON result."""
+def run_child(module: str, args: dict[str, Any], timeout: int = 300, *, interpreter: bool = False) -> dict[str, Any]:
+    """Run ``support.<module>`` with JSON args in a new process; returns its JSON result.
+
+    The process is forked from the per-process fork server (``support.forkserver``: torch, transformers and gliner2
+    imported once, nothing built), or, with `interpreter` (and always for a CUDA child), a fresh interpreter
+    (``python -m support.<module>``)."""
     path = [str(TESTS), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), PYTHONHASHSEED="123")
-    proc = subprocess.run(
-        [sys.executable, "-m", f"support.{module}", json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=str(ROOT),
-    )
+    if interpreter or args.get("device", "cpu") != "cpu":
+        proc = subprocess.run(
+            [sys.executable, "-m", f"support.{module}", json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=str(ROOT),
+        )
+    else:
+        proc = _fork_server(env).run(module, [json.dumps(args)], timeout)
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_SERVER: list[ForkServer] = []
+_PER_TEST = ("PYTEST_CURRENT_TEST",)  # what pytest changes in the environment for every test
+
+
+def _fork_server(env: dict[str, str]) -> ForkServer:
+    """This process's fork server, started (again) when none runs or the environment differs from its own (a
+    child inherits the server's environment, and some of it is read only at start-up)."""
+    wanted = {k: v for k, v in env.items() if k not in _PER_TEST}
+    if _SERVER and ({k: v for k, v in _SERVER[0].env.items() if k not in _PER_TEST} != wanted or not _SERVER[0].alive):
+        _SERVER.pop().close()
+    if not _SERVER:
+        _SERVER.append(ForkServer(wanted, cwd=str(ROOT)))
+        atexit.register(_SERVER[0].close)
+    return _SERVER[0]
