@@ -238,7 +238,7 @@ class TrainingSettings(_Form):
         "(gliner2's own augmentation; its default 0.2).",
     )
     label_subset_prob: Fraction = Field(
-        default=1.0,
+        default=0.5,
         description="Early in training, probability that a record is asked only some of its entity labels, so that "
         "shuffled label orders do not erase which label is which (the marker before each label name must learn to "
         "carry that name); 0 turns it off.",

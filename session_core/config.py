@@ -79,7 +79,10 @@ class TrainingConfig:
     ``synthetic_entity_label_prob`` (gliner2's: a record's labels replaced by "entity 1..n"; gliner2's default 0.2).
     So that shuffling does not erase which label is which (augment.py says why it can): during the first
     ``label_subset_until`` fraction of the epochs (default 0.5), each record asking two or more entity labels is asked
-    a random proper subset of them, with probability ``label_subset_prob`` (default 1.0; 0 turns it off).
+    a random proper subset of them, with probability ``label_subset_prob`` (default 0.5; 0 turns it off). 0.5 was
+    chosen by measurement: the two-label case of issue 43 reaches F1 1.000 in every label order on both tiny encoders
+    at 0.5 and at 1.0, and the demo's held-out micro F1 over 8 orders is 0.963-0.972 at 0.5, 0.926-0.935 at 1.0 and
+    0.951-0.965 at 0 (its weakest label, person, 0.928 / 0.853 / 0.894).
 
     ``recipe`` (``session_core.recipes``): ``"gliner2"`` (default) to continue training a trained GLiNER2 model,
     ``"from-encoder"`` for a model ``prefect-gliner2 init-model`` built on a pretrained encoder (fresh heads). It sets
@@ -170,7 +173,7 @@ class TrainingConfig:
     shuffle_entity_labels: bool = True
     negative_label_prob: float = 0.5
     synthetic_entity_label_prob: float = 0.2
-    label_subset_prob: float = 1.0
+    label_subset_prob: float = 0.5
     label_subset_until: float = 0.5
     recipe: str = DEFAULT_RECIPE
     repair_count_head: bool = False

@@ -221,10 +221,11 @@ def _categorical(name: str, choices: Any, where: str) -> Param:
 
 
 def _range(name: str, kind: str, spec: Mapping[str, Any], where: str) -> Param:
-    field_type = str(_FIELD_TYPES[name])
+    field_type = str(_FIELD_TYPES[name]).replace("<class '", "").replace("'>", "")  # "float", "float | None"
     if kind not in field_type:
         wanted = "int" if "int" in field_type else "float" if "float" in field_type else "categorical"
-        raise ConfigError(f"{where}: params.{name} is a {field_type} field: use `type: {wanted}`")
+        article = "an" if field_type.startswith("int") else "a"
+        raise ConfigError(f"{where}: params.{name} is {article} {field_type} field: use `type: {wanted}`")
     low, high = (_number(name, key, spec.get(key), kind, where) for key in ("low", "high"))
     log = spec.get("log", False)
     if not isinstance(log, bool):

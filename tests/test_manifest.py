@@ -53,7 +53,7 @@ def test_manifest_content() -> None:
     plan = _plan(eval_strategy="steps", eval_steps=2)
     manifest = plan.to_manifest(eval_examples=_records(2, offset=100))
     assert manifest["schema"] == {"name": MANIFEST_SCHEMA_NAME, "version": MANIFEST_SCHEMA_VERSION}
-    assert manifest["plan_algorithm_version"] == 2 and manifest["architecture"] == "boundary"
+    assert manifest["plan_algorithm_version"] == 3 and manifest["architecture"] == "boundary"
     assert manifest["config"] == plan.config.to_dict() and manifest["fingerprint"] == plan.fingerprint
     assert manifest["batches"] == [list(plan.rows(i)) for i in range(plan.batch_count)]
     assert (
@@ -109,7 +109,8 @@ def test_round_trip_from_dict(architecture: str) -> None:
     assert again is loaded.plan and eval_records is loaded.eval_records
     assert loaded.content_address == plan.to_manifest(eval_examples=evals)["content_address"]
     rows = loaded.plan.batch(0).examples  # key order inside records survives the round trip (it is data)
-    assert [json.dumps(r) for r in rows] == [json.dumps(_records(7)[i]) for i in loaded.plan.rows(0)]
+    assert [json.dumps(r) for r in rows] == [json.dumps(r) for r in plan.batch(0).examples]
+    assert [list(r) for r in rows] == [list(_records(7)[i]) for i in loaded.plan.rows(0)]
     assert [json.dumps(r) for r in loaded.eval_examples] == [json.dumps(r) for r in evals]
 
 

@@ -107,7 +107,9 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     candidate = v1.lineage["metrics"]["candidate"]
     assert candidate["thresholds_from"] == "recorded" and v1.lineage["thresholds"] == candidate["thresholds"]
     assert candidate["eval_f1"] == candidate["thresholds"]["details"]["f1"]
-    assert candidate["thresholds"]["details"]["f1_default"] == v1.lineage["training"]["best_metric"]
+    details, training = candidate["thresholds"]["details"], v1.lineage["training"]
+    assert training["metric_for_best"] == "eval_f1_fitted" and training["best_metric"] is not None
+    assert details["f1"] >= details["f1_default"]  # the fit never ships values worse than 0.5 on its own records
     assert v1.lineage["comparison_data"] == "valid_data" and v1.lineage["comparison_records"] == 4
     assert first["reason"].startswith("there is no current model: the first candidate is promoted")
     assert first["reason"].endswith("(valid_data also selected the candidate's best checkpoint)")

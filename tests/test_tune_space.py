@@ -60,11 +60,11 @@ def _space(**params: Any) -> dict[str, Any]:
         (_space(encoder_lr={"type": "float", "low": 1e-5, "high": float("inf")}), "`high:` must be a finite number"),
         (
             _space(encoder_lr={"type": "int", "low": 1, "high": 3}),
-            "encoder_lr is a <class 'float'> field: use `type: float`",
+            r"encoder_lr is a float \| None field: use `type: float`",
         ),
         (
             _space(num_epochs={"type": "float", "low": 1, "high": 3}),
-            "num_epochs is a <class 'int'> field: use `type: int`",
+            "num_epochs is an int field: use `type: int`",
         ),
         (_space(num_epochs={"type": "int", "low": 1.5, "high": 3}), "`low:` must be an integer, got 1.5"),
         (_space(num_epochs={"type": "int", "low": 1, "high": 9, "step": 0}), "step must be > 0"),
