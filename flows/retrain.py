@@ -252,7 +252,9 @@ def _training_lineage(
         "comparison_records_sha256": comparison["sha256"],
         "comparison_records": comparison["records"],
         "metrics": metrics_only(scores[comparison["source"]]),
-        "training": {k: summary.get(k) for k in ("total_steps", "metric_for_best", "best_metric", "best_step", "label")},
+        "training": {
+            k: summary.get(k) for k in ("total_steps", "metric_for_best", "best_metric", "best_step", "label")
+        },
     }
     if GUARD in scores:
         out |= {"guard_records_sha256": comparison["guard_sha256"], "guard_metrics": metrics_only(scores[GUARD])}

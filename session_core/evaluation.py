@@ -23,6 +23,8 @@ __all__ = [
     "evaluate_session",
     "extraction_schemas",
     "native_losses",
+    "label_f1_order_min",
+    "order_reports",
     "order_robustness",
     "score_extraction",
 ]
@@ -68,8 +70,7 @@ def order_robustness(
 ) -> tuple[ScoreReport, dict[str, float]]:
     """The report under the default shuffled order (trial 0), and the order metrics (metrics.ORDER_KEYS): micro F1
     in the canonical order, lowest and highest micro F1 over `trials` seeded orders."""
-    reports = [score_extraction(pairs, extract, seed=seed, trial=t) for t in range(max(1, trials))]
-    canonical = score_extraction(pairs, extract, label_order=CANONICAL)
+    reports, canonical = order_reports(pairs, extract, seed=seed, trials=trials)
     f1s = [report.metrics()["eval_f1"] for report in reports]
     order = {
         "eval_f1_canonical": canonical.metrics()["eval_f1"],
@@ -77,6 +78,26 @@ def order_robustness(
         "eval_f1_order_max": max(f1s),
     }
     return reports[0], order
+
+
+def order_reports(
+    pairs: Sequence[Pair], extract: Extract, *, seed: int, trials: int
+) -> tuple[list[ScoreReport], ScoreReport]:
+    """The reports under `trials` seeded random label orders (trial 0 first) and under the canonical order."""
+    reports = [score_extraction(pairs, extract, seed=seed, trial=t) for t in range(max(1, trials))]
+    return reports, score_extraction(pairs, extract, label_order=CANONICAL)
+
+
+def label_f1_order_min(reports: Sequence[ScoreReport]) -> dict[str, float]:
+    """Each label's lowest F1 over the reports (``kind/label``: F1), for labels with gold items: what a user who
+    asks the labels in the worst of those orders gets for that label."""
+    lowest: dict[str, float] = {}
+    for report in reports:
+        for row in report.rows():
+            if row["support"]:
+                name = f"{row['kind']}/{row['label']}"
+                lowest[name] = min(lowest.get(name, 1.0), float(row["f1"]))
+    return lowest
 
 
 def evaluate_session(
