@@ -1,7 +1,9 @@
 """The tables bench/realdata.py prints: per trainer micro and macro F1 over seeds with the spread, and per label.
 
 Torch-free. A run's scores are ``ScoreReport.to_dict()``-like dicts: ``{"micro": f1, "macro": f1, "labels": {label:
-{"f1", "support", "precision", "recall"}}, "seconds": wall}``; the spread over seeds is shown as mean [min-max].
+{"f1", "support", "precision", "recall", "tp", "fp", "fn", "confused"}}, "seconds": wall}``, where ``confused`` counts
+the label's false positives that are gold mentions of another label; the spread over seeds is shown as mean
+[min-max].
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ def run_scores(report: Any, seconds: float, **extra: Any) -> dict[str, Any]:
     """The figures of one trainer's run from its held-out ``ScoreReport``."""
     rows = {row["label"]: row for row in report.rows()}
     labels = {
-        label: {key: row[key] for key in ("f1", "precision", "recall", "support", "tp", "fp", "fn")}
+        label: {key: row[key] for key in ("f1", "precision", "recall", "support", "tp", "fp", "fn", "confused")}
         for label, row in rows.items()
     }
     return {
@@ -60,5 +62,15 @@ def report_lines(runs: Mapping[str, Sequence[Mapping[str, Any]]], reference: str
             f1s = [s["labels"][label]["f1"] for s in scores if label in s["labels"]]
             support = max((s["labels"][label]["support"] for s in scores if label in s["labels"]), default=0)
             cells.append(f"{spread(f1s)} (n={support})" if f1s else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| false positives (of them another label's mention) | " + " | ".join(labels) + " |"]
+    lines.append("|---|" + "---:|" * len(labels))
+    for name, scores in runs.items():
+        cells = []
+        for label in labels:
+            found = [s["labels"][label] for s in scores if label in s["labels"]]
+            fps, confused = [float(f["fp"]) for f in found], [f.get("confused") for f in found]
+            known = f"{mean(float(c) for c in confused):.0f}" if None not in confused else "?"  # older JSON: not kept
+            cells.append(f"{mean(fps):.0f} ({known})" if found else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
