@@ -34,10 +34,8 @@ os.environ.setdefault("PREFECT_GLINER2_CACHE", tempfile.mkdtemp(prefix="prefect-
 
 # The costliest files, heaviest first: CPU seconds of each file's processes in one `make test` (2 cores, tests/
 # support's profile of 2026-06-09), rounded: chaos 136, retrain 102, worker 96, cli 89, flow 88, interrupts 85,
-# background_checkpoints 73, flow_crash 64, deployments 60, object_storage 48, ...; the files of the tuning, label
-# identity, ONNX and pause work placed by their wall seconds in a `make test` of 2026-12-06 (label_identity ~50,
-# tune ~50, tune_kill 43, onnx_export and pause ~20-30). The other files follow in their usual order (most take a
-# few seconds).
+# background_checkpoints 73, flow_crash 64, deployments 60, object_storage 48, ... The other files follow in their
+# usual order (most take a few seconds).
 HEAVIEST_FIRST = (
     "test_chaos.py",
     "test_retrain.py",
@@ -45,15 +43,10 @@ HEAVIEST_FIRST = (
     "test_cli.py",
     "test_flow.py",
     "test_interrupts.py",
-    "test_label_identity.py",
-    "test_tune.py",
     "test_background_checkpoints.py",
     "test_flow_crash.py",
-    "test_tune_kill.py",
     "test_deployments.py",
     "test_object_storage.py",
-    "test_onnx_export.py",
-    "test_pause.py",
     "test_params.py",
     "test_auto_grain.py",
     "test_ui_state.py",
