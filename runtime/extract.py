@@ -164,6 +164,7 @@ class ExtractJob:
     def extractor(self) -> Extractor | OnnxExtractor:
         if self.settings.runtime == RUNTIME_ONNX:
             from prefect_gliner2.runtime.onnx_extract import loaded_onnx_extractor
+            from prefect_gliner2.runtime.resources import default_cpu_threads
 
             return loaded_onnx_extractor(
                 self.model,
@@ -172,6 +173,7 @@ class ExtractJob:
                 chunk_size=self.settings.chunk_size,
                 chunk_overlap=self.settings.chunk_overlap,
                 spans=self.settings.output_format != "jsonl",
+                threads=default_cpu_threads(),  # one session per thread, texts on them at once (onnx_extract)
             )
         return loaded_extractor(
             self.model,

@@ -20,10 +20,12 @@ words than the model saw. The schema must be one the runtime covers (``session_c
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.onnx_payload import Span, detailed_payload, plain_payload, spans_by_label
@@ -34,6 +36,7 @@ from prefect_gliner2.session_core.thresholds import Thresholds
 __all__ = ["OnnxExtractor", "load_runtime", "loaded_onnx_extractor"]
 
 _ENDINGS = (".", "!", "?")
+T = TypeVar("T")
 
 
 def load_runtime(directory: str, precision: str, *, threads: int | None = None) -> Any:
@@ -89,7 +92,14 @@ class OnnxExtractor:
     ) -> None:
         from prefect_gliner2.training.engine.windows import whitespace_splitter
 
-        self.runtime = load_runtime(directory, precision, threads=threads)
+        # `threads` > 1: that many sessions of one intra-op thread each, texts extracted on them at once (the runtime
+        # runs one text per pass, too small to split over threads); otherwise one session on `threads` threads
+        self.workers = threads if threads is not None and threads > 1 else 1
+        self.runtime = load_runtime(directory, precision, threads=1 if self.workers > 1 else threads)
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle.put(self.runtime)
+        for _ in range(self.workers - 1):
+            self._idle.put(load_runtime(directory, precision, threads=1))
         self.per_label = per_label
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
@@ -106,25 +116,33 @@ class OnnxExtractor:
         text was split into (1: none)."""
         from prefect_gliner2.training.engine.windows import merge_windows, split_windows
 
-        results: list[Any] = []
-        chunks: list[int] = []
-        for text, schema in zip(texts, schemas, strict=True):
+        def one(text: str, schema: Mapping[str, Any]) -> tuple[Any, int]:
             thresholds = self._thresholds(schema)
             if len(text) > self.chunk_size and self.words(text) > self.chunk_size:
                 windows = split_windows(text, self.chunk_size, self.chunk_overlap, self._splitter)
                 parts = [self._detailed(window.text, thresholds, max_words=self.chunk_size) for window in windows]
-                results.append(merge_windows(text, windows, parts, details=self.spans))
-                chunks.append(len(windows))
-            else:
-                detailed = self._detailed(text, thresholds)
-                results.append(detailed if self.spans else plain_payload(detailed))
-                chunks.append(1)
-        return results, chunks
+                return merge_windows(text, windows, parts, details=self.spans), len(windows)
+            detailed = self._detailed(text, thresholds)
+            return (detailed if self.spans else plain_payload(detailed)), 1
+
+        done = self._each(one, texts, schemas)
+        return [result for result, _ in done], [chunks for _, chunks in done]
 
     def extract_detailed(self, texts: Sequence[str], schemas: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Each text's payload with confidences and offsets (no windows: what ``batch_extract`` returns with
         ``include_confidence`` and ``include_spans``); the parity gate compares these."""
-        return [self._detailed(text, self._thresholds(s)) for text, s in zip(texts, schemas, strict=True)]
+        return self._each(lambda text, s: self._detailed(text, self._thresholds(s)), texts, schemas)
+
+    def _each(self, fn: Callable[[str, Mapping[str, Any]], T], texts: Sequence[str], schemas: Sequence[Any]) -> list[T]:
+        """`fn` over the (text, schema) pairs, in order; on several sessions at once when there are (each text's
+        result depends on that text alone, so the results are those of one session; the first error in text
+        order is raised)."""
+        if len(texts) != len(schemas):
+            raise ValueError(f"{len(texts)} texts and {len(schemas)} schemas: pass one schema per text")
+        if self.workers == 1 or len(texts) < 2:
+            return [fn(text, schema) for text, schema in zip(texts, schemas, strict=True)]
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="onnx-extract") as pool:
+            return list(pool.map(fn, texts, schemas))
 
     def _thresholds(self, schema: Mapping[str, Any]) -> dict[str, float]:
         """Each label of `schema` with its threshold, in the schema's order (checked once per distinct schema)."""
@@ -139,7 +157,11 @@ class OnnxExtractor:
         seen = _encoded_text(text, self._splitter, max_words)
         _check_words(seen, self._splitter)
         labels = list(thresholds)
-        found = self.runtime.extract_entities(seen, labels, threshold=min(thresholds.values()))
+        runtime = self._idle.get()  # a session no other thread is using
+        try:
+            found = runtime.extract_entities(seen, labels, threshold=min(thresholds.values()))
+        finally:
+            self._idle.put(runtime)
         candidates: list[tuple[str, Span]] = [
             (entity.label, (seen[entity.start : entity.end].strip(), float(entity.score), entity.start, entity.end))
             for entity in found

@@ -166,6 +166,32 @@ def test_a_tiny_model_export_loads_and_matches_the_runtime_called_directly(sharp
     assert any(got.values())
 
 
+def test_several_sessions_extract_what_one_session_extracts_in_order(sharp: dict[str, Any]) -> None:
+    """threads=3: three single-threaded sessions extract texts at once; every result (long texts in windows too) is
+    the one session's, in the texts' order, and the first bad text in order is the error raised."""
+    from prefect_gliner2.runtime.onnx_extract import OnnxExtractor
+    from prefect_gliner2.session_core.errors import ConfigError
+    from prefect_gliner2.session_core.thresholds import Thresholds
+
+    record = json.loads((Path(sharp["onnx"]) / "onnx_export.json").read_text())
+    thresholds = Thresholds.from_dict(record["thresholds"])
+    texts = [r["input"] for r in tiny_records(24, seed=9)]
+    texts.append(" ".join(texts[:6]))  # longer than the chunk size below: windows
+    schemas = [{"entities": LABELS[i % 2 :] + LABELS[: i % 2]} for i in range(len(texts))]  # two label orders
+    settings: dict[str, Any] = {"per_label": thresholds, "chunk_size": 20, "chunk_overlap": 4, "spans": True}
+    one = OnnxExtractor(sharp["onnx"], "int8", **settings)
+    several = OnnxExtractor(sharp["onnx"], "int8", threads=3, **settings)
+    assert (one.workers, several.workers) == (1, 3)
+    expected = one.extract(texts, schemas)
+    assert expected[1][-1] > 1 and any(any(r["entities"].values()) for r in expected[0])
+    assert several.extract(texts, schemas) == expected
+    assert several.extract_detailed(texts, schemas) == one.extract_detailed(texts, schemas)
+    bad = [*texts[:5], "Zoë  visited Café\u0301 Rouge.", *texts[5:10], "Re\u0301sume\u0301 of Bob."]
+    with pytest.raises(ConfigError, match="Zo") as raised:
+        several.extract(bad, [schemas[0]] * len(bad))
+    assert "Bob" not in str(raised.value)
+
+
 def test_the_gate_refuses_a_damaged_export_with_its_figures(
     sharp: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
