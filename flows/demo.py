@@ -98,7 +98,7 @@ def _score(model: Any, test_data: str, config: Any, *, examples: int = 0, fitted
     """Held-out scores of `model` with gliner2's batched inference at its `fitted` thresholds (else the config's
     eval_threshold), each record's labels asked in a seeded random order (as a user's code asks them), the F1
     spread over DEMO_ORDERS orders, and the first `examples` extractions."""
-    from prefect_gliner2.session_core.evaluation import label_f1_order_min, order_reports
+    from prefect_gliner2.session_core.evaluation import label_f1_order_min, order_metrics, order_reports
     from prefect_gliner2.session_core.pairs import to_pairs
     from prefect_gliner2.session_core.records import load_records
     from prefect_gliner2.session_core.thresholds import fixed
@@ -119,12 +119,7 @@ def _score(model: Any, test_data: str, config: Any, *, examples: int = 0, fitted
         return predictions
 
     reports, canonical = order_reports(pairs, keep, seed=int(config.seed), trials=DEMO_ORDERS)
-    report, f1s = reports[0], [r.metrics()["eval_f1"] for r in reports]
-    order = {
-        "eval_f1_canonical": canonical.metrics()["eval_f1"],
-        "eval_f1_order_min": min(f1s),
-        "eval_f1_order_max": max(f1s),
-    }
+    report, order = reports[0], order_metrics(reports, canonical)
     for item, (_, gold) in zip(shown, pairs, strict=False):
         item["gold"] = gold.get("entities", {})
     total = report.total()

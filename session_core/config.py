@@ -82,7 +82,8 @@ class TrainingConfig:
     a random proper subset of them, with probability ``label_subset_prob`` (default 0.5; 0 turns it off). 0.5 was
     chosen by measurement: the two-label case of issue 43 reaches F1 1.000 in every label order on both tiny encoders
     at 0.5 and at 1.0, and the demo's held-out micro F1 over 8 orders is 0.963-0.972 at 0.5, 0.926-0.935 at 1.0 and
-    0.951-0.965 at 0 (its weakest label, person, 0.928 / 0.853 / 0.894).
+    0.951-0.965 at 0 (its weakest label, person, 0.928 / 0.853 / 0.894;
+    ``bench/demo_variants.py``).
 
     ``recipe`` (``session_core.recipes``): ``"gliner2"`` (default) to continue training a trained GLiNER2 model,
     ``"from-encoder"`` for a model ``prefect-gliner2 init-model`` built on a pretrained encoder (fresh heads). It sets

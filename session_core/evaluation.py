@@ -24,6 +24,7 @@ __all__ = [
     "extraction_schemas",
     "native_losses",
     "label_f1_order_min",
+    "order_metrics",
     "order_reports",
     "order_robustness",
     "score_extraction",
@@ -71,13 +72,17 @@ def order_robustness(
     """The report under the default shuffled order (trial 0), and the order metrics (metrics.ORDER_KEYS): micro F1
     in the canonical order, lowest and highest micro F1 over `trials` seeded orders."""
     reports, canonical = order_reports(pairs, extract, seed=seed, trials=trials)
+    return reports[0], order_metrics(reports, canonical)
+
+
+def order_metrics(reports: Sequence[ScoreReport], canonical: ScoreReport) -> dict[str, float]:
+    """The order metrics (metrics.ORDER_KEYS) of :func:`order_reports`' reports."""
     f1s = [report.metrics()["eval_f1"] for report in reports]
-    order = {
+    return {
         "eval_f1_canonical": canonical.metrics()["eval_f1"],
         "eval_f1_order_min": min(f1s),
         "eval_f1_order_max": max(f1s),
     }
-    return reports[0], order
 
 
 def order_reports(
