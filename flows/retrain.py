@@ -14,8 +14,8 @@ was trained from the same inputs, it finishes at once ("nothing to do"). Otherwi
 base model for the first version), under a run key derived from the model name, the inputs fingerprint and the
 starting version, so a crashed retrain resumes that run (and changed settings never collide with it). The candidate,
 the current model and the base model are scored record by record on the same held-out records (``test_data``, else
-``valid_data``) and on the optional retention set ``guard_data``, under the same conditions (runtime/compare.py), in a
-child process; the promotion rule (``promotion``, session_core/promotion.py) decides from a seeded paired bootstrap:
+``valid_data``) and on the optional retention set ``guard_data``, under the same conditions (runtime/compare.py), in the
+session worker that trained the candidate (``runtime.handover``; else a fresh child process); the promotion rule (``promotion``, session_core/promotion.py) decides from a seeded paired bootstrap:
 better beyond noise, no well-supported label lost, no regression on the guard set (the first candidate is always
 promoted). The candidate is registered with its lineage and the decision either way; CURRENT moves only when it is
 promoted. The decision (both F1s with intervals, the difference's interval, the label table with verdicts, the guard
@@ -41,6 +41,7 @@ from prefect_gliner2.flows.retrain_report import emit_decision, label_run, repor
 from prefect_gliner2.flows.train import DEFAULT_CHECKPOINTING, DEFAULT_EXECUTION, train_flow
 from prefect_gliner2.model_registry import ModelRegistry, ModelVersion
 from prefect_gliner2.runtime.compare import BASE, CANDIDATE, CURRENT, decide_from_scores, metrics_only
+from prefect_gliner2.runtime.handover import keep_worker
 from prefect_gliner2.runtime.prepare import default_storage
 from prefect_gliner2.session_core.errors import ConfigError
 from prefect_gliner2.session_core.promotion import PromotionDecision
@@ -126,10 +127,11 @@ def retrain_flow(
         run_key = retrain_run_key(model_name, inputs, current)
         _announce(model_name, data["data_fingerprint"], latest, current, run_key, base_model)
         comparison = _comparison(test_data, valid_data, guard_data)  # refuses a set too small to compare on, first
-        summary = _train_candidate(
-            run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution, onnx
-        )
-        scores = _score(str(summary["export"]), current, base_model, comparison, training, execution)
+        with keep_worker(run_key):  # the candidate's worker, handed over when its run ends well, scores it
+            summary = _train_candidate(
+                run_key, base_model, current, train_data, valid_data, config, storage, checkpointing, execution, onnx
+            )
+            scores = _score(str(summary["export"]), current, base_model, comparison, training, execution, run_key)
         guard = GUARD if guard_data is not None else None
         decision = decide_from_scores(scores, rule, test=comparison["source"], guard=guard)
         trained = _training_lineage(scores, current, summary, run_key, comparison)
@@ -192,9 +194,10 @@ def _score(
     comparison: dict[str, Any],
     training: Any,
     execution: ExecutionSettings,
+    run_key: str,
 ) -> dict[str, dict[str, Any]]:
     """The candidate, the current version (when there is one) and the base model scored record by record on the
-    comparison sets, in a child process."""
+    comparison sets, in the candidate run's session worker (else in a child process)."""
     models = {CANDIDATE: export, CURRENT: current.uri if current is not None else None, BASE: None}
     return score_for_promotion(
         {role: uri for role, uri in models.items() if role != CURRENT or uri is not None},
@@ -203,6 +206,7 @@ def _score(
         training.to_dict(),
         cpu_threads=execution.cpu_threads or 1,
         device=execution.device,
+        run_key=run_key,
     )
 
 

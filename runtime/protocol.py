@@ -10,9 +10,11 @@
     Call(op_id, CommitCheckpoint(index, uri))  ->  CheckpointResult once that write is durable (or its error)
     Call(op_id, Export(uri, which))         ->     Reply(op_id, ExportResult | RemoteError)
     Call(op_id, Status()) / Call(op_id, Summary())  ->  StatusResult / SummaryResult
+    Call(op_id, Score(models, base_model, data, config))  ->  ScoreResult (a finished run: its session released)
     Close()                                 ->     (the worker releases its session and exits)
 
-Requests are hashable values (the client joins an identical request sent ahead instead of sending it twice).
+Requests are hashable values (the client joins an identical request sent ahead instead of sending it twice;
+``Score``, never sent ahead, by identity).
 Results are small, picklable records that Prefect tasks may return and persist. A failure comes back as a
 ``RemoteError``: a ``SessionCoreError`` keeps its class and fields (its constructor arguments and attributes cross
 the pipe) and gets the remote traceback attached; any other exception becomes ``WorkerError`` naming its type.
@@ -45,6 +47,8 @@ __all__ = [
     "Reply",
     "Request",
     "Result",
+    "Score",
+    "ScoreResult",
     "Status",
     "StatusResult",
     "Summary",
@@ -287,6 +291,25 @@ class Summary(Request[SummaryResult]):
     op: ClassVar[str] = "summary"
 
 
+@dataclass(frozen=True, eq=False)  # keyed by identity in the worker client (its dict fields are not hashable)
+class Score(Request["ScoreResult"]):
+    """Once the run is finished: release its session, then score model directories for promotion in this worker
+    (``runtime.compare.score_sessions_here``'s arguments): the retraining flow's comparison (``runtime.handover``)."""
+
+    op: ClassVar[str] = "score"
+    models: dict[str, str | None]
+    base_model: str
+    data: dict[str, str | list[str]]
+    config: dict[str, Any]
+    cpu_threads: int = 1
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    scores: dict[str, dict[str, dict[str, Any]]]  # score_sessions_here's {set: {role: scores}}
+
+
 @dataclass(frozen=True)
 class Close:
     """Release the session and exit."""
@@ -306,7 +329,7 @@ class Call:
     request: Request
 
 
-Result = StatusResult | AdvanceResult | ValidateResult | CheckpointResult | ExportResult | SummaryResult
+Result = StatusResult | AdvanceResult | ValidateResult | CheckpointResult | ExportResult | SummaryResult | ScoreResult
 
 
 # ---- failures ----------------------------------------------------------------------------------------------

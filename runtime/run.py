@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefect_gliner2.runtime import faults, live_runs
+from prefect_gliner2.runtime import faults, handover, live_runs
 from prefect_gliner2.runtime.errors import StorageFullError, is_transient, permanent_storage_errno, storage_full_error
 from prefect_gliner2.runtime.lease import DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, HolderGone, RunLease
 from prefect_gliner2.runtime.live_runs import LiveRun
@@ -126,9 +126,11 @@ class OpenRun:
         return {**self.done, **attempt, **disk_used(self.run_dir)}
 
     def close(self) -> None:
-        """The run ended well: stop its worker and release the lease."""
+        """The run ended well: stop its worker (or hand it over, ``runtime.handover``) and release the lease."""
         try:
-            live_runs.unregister(self.run_key)
+            live = live_runs.lookup(self.run_key)
+            kept = live is not None and handover.deposit(self.run_key, live.worker)
+            live_runs.unregister(self.run_key, close=not kept)
         finally:
             self.lease.release()
 

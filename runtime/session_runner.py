@@ -40,6 +40,8 @@ from prefect_gliner2.runtime.protocol import (
     Export,
     ExportResult,
     Result,
+    Score,
+    ScoreResult,
     Status,
     StatusResult,
     Summary,
@@ -294,6 +296,21 @@ class SessionRunner:
         """The native summary; the per-step training history only when asked (validation history is small: kept)."""
         return SummaryResult.from_native(self.run.result(), train_history=request.train_history)
 
+    def score(self, request: Score) -> ScoreResult:
+        """Score models for promotion here, once the run is finished: its session (and every write) is released
+        first, then ``score_sessions_here`` builds its own sessions, as a fresh process would (the retraining flow's
+        comparison in the worker that trained the candidate, instead of one more process importing torch)."""
+        from prefect_gliner2.runtime.compare import score_sessions_here
+        from prefect_gliner2.session_core.errors import SessionStateError
+
+        if not self.run.finished:
+            raise SessionStateError(f"scoring asked of a session worker whose run is at batch {self.run.cursor}")
+        self.close()
+        scores = score_sessions_here(
+            request.models, request.base_model, request.data, request.config, request.cpu_threads, request.device
+        )
+        return ScoreResult(scores)
+
     def _point(self, point: str, index: int) -> Callable[[], None]:
         return lambda: self.faults.hit(point, index)
 
@@ -327,6 +344,7 @@ HANDLERS: dict[type, Callable[[SessionRunner, Any], Result]] = {
     CommitCheckpoint: SessionRunner.commit_checkpoint,
     Export: SessionRunner.export,
     Summary: SessionRunner.summary,
+    Score: SessionRunner.score,
 }
 
 

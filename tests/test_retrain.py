@@ -84,8 +84,12 @@ def _assert_labels(flow_run_id: str, expected: dict[str, Any]) -> None:
 
 
 def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_gliner2.tasks import promotion
+
     emitted: list[dict[str, Any]] = []
     monkeypatch.setattr(flow_events, "emit_event", lambda **kw: emitted.append(kw))
+    children: list[Any] = []  # every candidate is scored in its own session worker: no scoring process is spawned
+    monkeypatch.setattr(promotion, "score_in_child", lambda *args: children.append(args))
     valid = write_jsonl(tmp_path / "valid.jsonl", tiny_records(4, seed=99))
     train = tmp_path / "train.jsonl"
     write_jsonl(train, tiny_records(8, seed=5))
@@ -187,6 +191,7 @@ def test_retraining_lifecycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     v4 = registry.get("v000004")
     assert v4.lineage["data_fingerprint"] == registry.get("v000003").lineage["data_fingerprint"]
     assert v4.lineage["inputs_fingerprint"] != registry.get("v000003").lineage["inputs_fingerprint"]
+    assert children == []
 
 
 def _retrain_markdown() -> str:
@@ -280,6 +285,16 @@ def test_promotion_follows_extraction_f1_beyond_noise(tmp_path: Path, monkeypatc
     for key in ("candidate", "current", "base", "difference", "labels"):
         assert by_hand["test"][key] == in_flow["test"][key], key
     assert by_hand["verdict"] == in_flow["verdict"] == "rejected"
+
+    # the flow scored in the candidate's session worker, after its training; a fresh process (where a retrain whose
+    # candidate run was found complete scores) gives the same numbers, bit for bit
+    from prefect_gliner2.runtime.compare import metrics_only
+    from prefect_gliner2.tasks.promotion import score_in_child
+
+    metrics = v2.lineage["metrics"]
+    models = {"candidate": metrics["candidate"]["uri"], "current": metrics["current"]["uri"], "base": None}
+    fresh = score_in_child(models, "tiny:span", {"test_data": test}, v2.lineage["config"], THREADS)
+    assert metrics_only(fresh["test_data"]) == metrics
 
 
 def test_a_comparison_set_too_small_to_resample_is_refused_before_training(tmp_path: Path) -> None:
