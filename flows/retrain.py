@@ -14,12 +14,13 @@ was trained from the same inputs, it finishes at once ("nothing to do"). Otherwi
 base model for the first version), under a run key derived from the model name, the inputs fingerprint and the
 starting version, so a crashed retrain resumes that run (and changed settings never collide with it). The candidate,
 the current model and the base model are scored record by record on the same held-out records (``test_data``, else
-``valid_data``) and on the optional retention set ``guard_data``, under the same conditions (runtime/compare.py), in the
-session worker that trained the candidate (``runtime.handover``; else a fresh child process); the promotion rule (``promotion``, session_core/promotion.py) decides from a seeded paired bootstrap:
-better beyond noise, no well-supported label lost, no regression on the guard set (the first candidate is always
-promoted). The candidate is registered with its lineage and the decision either way; CURRENT moves only when it is
-promoted. The decision (both F1s with intervals, the difference's interval, the label table with verdicts, the guard
-set, the rule) goes into the lineage, a markdown artifact and the ``model.promoted`` / ``model.rejected`` event
+``valid_data``) and on the optional retention set ``guard_data``, under the same conditions (runtime/compare.py), in
+the session worker that trained the candidate (``runtime.handover``; else a fresh child process); the promotion rule
+(``promotion``, session_core/promotion.py) decides from a seeded paired bootstrap: better beyond noise, no
+well-supported label lost, no regression on the guard set (the first candidate is always promoted). The candidate is
+registered with its lineage and the decision either way; CURRENT moves only when it is promoted. The decision
+(both F1s with intervals, the difference's interval, the label table with verdicts, the guard set, the rule) goes
+into the lineage, a markdown artifact and the ``model.promoted`` / ``model.rejected`` event
 (``flows.retrain_report``). Importing this module does not import torch.
 """
 

@@ -13,7 +13,8 @@ counts kept for the paired bootstrap (:func:`~prefect_gliner2.session_core.promo
 Two ways to load the models, one way to score them: :func:`score_exports_here` loads export or registry directories
 as they are (``prefect-gliner2 compare``); :func:`score_sessions_here` loads each one as a training run's
 ``init_weights`` into a session over the base model (the retraining flow, in the candidate's session worker or a
-spawned child, so the candidate scores exactly what its validation measured). Prefect-free; torch loads inside the scoring functions only.
+spawned child, so the candidate scores exactly what its validation measured). Prefect-free; torch loads inside the
+scoring functions only.
 """
 
 from __future__ import annotations

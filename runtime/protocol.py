@@ -291,12 +291,14 @@ class Summary(Request[SummaryResult]):
     op: ClassVar[str] = "summary"
 
 
-@dataclass(frozen=True, eq=False)  # keyed by identity in the worker client (its dict fields are not hashable)
+@dataclass(frozen=True, eq=False)
 class Score(Request["ScoreResult"]):
     """Once the run is finished: release its session, then score model directories for promotion in this worker
     (``runtime.compare.score_sessions_here``'s arguments): the retraining flow's comparison (``runtime.handover``)."""
 
     op: ClassVar[str] = "score"
+    __eq__ = object.__eq__  # keyed by identity in the worker client (its dict fields are not hashable)
+    __hash__ = object.__hash__
     models: dict[str, str | None]
     base_model: str
     data: dict[str, str | list[str]]

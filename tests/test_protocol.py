@@ -21,6 +21,7 @@ from prefect_gliner2.runtime.protocol import (
     RemoteError,
     Reply,
     Request,
+    Score,
     Status,
     Summary,
     Validate,
@@ -47,7 +48,7 @@ def _through_the_pipe(exc: BaseException) -> BaseException:
 def test_every_request_type_has_exactly_one_handler() -> None:
     requests = {cls for cls in vars(protocol).values() if isinstance(cls, type) and issubclass(cls, Request)}
     assert set(HANDLERS) == requests - {Request}
-    ops = {"status", "advance", "validate", "checkpoint", "commit-checkpoint", "export", "summary"}
+    ops = {"status", "advance", "validate", "checkpoint", "commit-checkpoint", "export", "summary", "score"}
     assert {cls.op for cls in HANDLERS} == ops
     with pytest.raises(TypeError, match="no operation for str"):
         object.__new__(SessionRunner).execute("advance")
@@ -60,6 +61,8 @@ def test_requests_are_values() -> None:
     assert Checkpoint(3, "a") == Checkpoint(3, "a", background=False) != Checkpoint(3, "a", background=True)
     assert CommitCheckpoint(3, "a") != Checkpoint(3, "a") and CommitCheckpoint(3, "a").op == "commit-checkpoint"
     assert Export("u") == Export(uri="u", which="best") and Validate(5).op == "validate"
+    score = Score({"candidate": "c"}, "tiny:span", {"valid_data": "v.jsonl"}, {})
+    assert {score: 1}[score] == 1 and score != Score({"candidate": "c"}, "tiny:span", {"valid_data": "v.jsonl"}, {})
     with pytest.raises(dataclasses.FrozenInstanceError):
         Advance(1, 2).first = 0  # type: ignore[misc]
 
