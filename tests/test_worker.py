@@ -167,35 +167,25 @@ def test_deterministic_and_transient_remote_errors(run: dict[str, str], tmp_path
         worker.close()
 
 
-def test_operations_sent_behind_one_that_raised_get_its_error_not_worker_died(
-    run: dict[str, str], tmp_path: Path
-) -> None:
-    """A worker that raised exits; an operation already sent behind the failing one fails with the same error, so a
-    full disk stays a StorageFullError (never retried) instead of becoming a dead worker that a retry restarts."""
-    full_once = Fault.os_error("checkpoint-write", 3, errno.ENOSPC, once=str(tmp_path / "full-once"))
-    worker = _worker(run, faults=FaultPlan(faults=(full_once,)))
-    try:
-        worker.call(Advance(first=0, through=2))
-        failing = worker.submit(Checkpoint(index=3, uri=str(tmp_path / "ckpt-3")))
-        behind = worker.submit(Advance(first=3, through=3))  # sent before the child fails (it writes first)
-        for ticket in (failing, behind):
-            with pytest.raises(StorageFullError, match="ENOSPC"):
-                ticket.result(120)
-        assert worker.starts == 1
-    finally:
-        worker.close()
-
-
 def test_full_storage_in_the_worker_is_permanent(run: dict[str, str], tmp_path: Path) -> None:
     """ENOSPC while the worker writes a checkpoint: StorageFullError (never retried) with its errno, no partial
-    checkpoint left that looks complete, and once space is back a fresh worker writes the same checkpoint."""
+    checkpoint left that looks complete, and once space is back a fresh worker writes the same checkpoint. A worker
+    that raised exits; an operation already sent behind the failing one fails with the same error, so a full disk
+    stays a StorageFullError (never retried) instead of becoming a dead worker that a retry restarts."""
     full_once = Fault.os_error("checkpoint-write", 3, errno.ENOSPC, once=str(tmp_path / "full-once"))
     checkpoint = str(tmp_path / "ckpt-3")
     worker = _worker(run, faults=FaultPlan(faults=(full_once,)))
     try:
         worker.call(Advance(first=0, through=2))
+        failing, behind = Checkpoint(index=3, uri=checkpoint), Advance(first=3, through=3)
+        tickets = [worker.submit(failing), worker.submit(behind)]  # the second sent before the child fails
         with pytest.raises(StorageFullError, match="ENOSPC.*free space.*run the same run key again") as full:
-            worker.call(Checkpoint(index=3, uri=checkpoint))
+            tickets[0].result(120)
+        with pytest.raises(StorageFullError, match="ENOSPC"):
+            tickets[1].result(120)
+        assert worker.starts == 1
+        for request in (failing, behind):
+            worker.release(request)  # consumed here: the next call of the same checkpoint is a new operation
         assert not is_transient(full.value) and isinstance(full.value, OSError)
         assert full.value.errno == errno.ENOSPC and "injected at checkpoint-write 3" in full.value.message
         assert "before_commit" in full.value.remote_traceback  # type: ignore[attr-defined]
