@@ -10,6 +10,8 @@ gliner2 2.1 internals touched here (and, for the trainer, in the other engine mo
   extraction counts words and chunks exactly as gliner2 does.
 - ``model.processor.tokenizer``: the tokenizer a model's processor uses (``tokenizer_of``), with gliner2's special
   tokens added (``prefect-gliner2 init-model`` and the tiny models check its size).
+- ``model.encoder`` (a transformers model) and the ``[E]`` marker token: ``seed_entity_marker`` sets the marker's
+  input embedding to the encoder's embedding of a word (``prefect-gliner2 init-model``).
 - the name ``save_file`` bound inside loaded ``gliner2.*`` modules (``save_file_replaced``): ``save_pretrained``
   writes its weights through it, and the export writes them around the page cache with their digest
   (``training/native_save.py``).
@@ -28,6 +30,7 @@ __all__ = [
     "count_predictions",
     "pin_count_head",
     "save_file_replaced",
+    "seed_entity_marker",
     "tokenizer_of",
     "word_splitter",
 ]
@@ -58,6 +61,26 @@ def pin_count_head(model: Any, count: int = 1) -> None:
         final.weight.zero_()
         final.bias.zero_()
         final.bias[count] = 1.0
+
+
+ENTITY_MARKER = "[E]"
+
+
+def seed_entity_marker(model: Any, word: str) -> list[int]:
+    """Set the input embedding of gliner2's entity-label marker ``[E]`` to the encoder's embedding of `word` (the mean
+    of its pieces' rows when the tokenizer splits it); the ids of those pieces are returned. Nothing else changes:
+    the marker's row stays an ordinary trainable row of the encoder's embedding matrix."""
+    import torch
+
+    tokenizer = tokenizer_of(model)
+    marker = tokenizer.convert_tokens_to_ids(ENTITY_MARKER)
+    pieces = tokenizer(word, add_special_tokens=False)["input_ids"]
+    if marker == tokenizer.unk_token_id or not pieces or tokenizer.unk_token_id in pieces:
+        raise ValueError(f"cannot seed {ENTITY_MARKER}: the tokenizer has no such token or cannot encode {word!r}")
+    embeddings = model.encoder.get_input_embeddings().weight
+    with torch.no_grad():
+        embeddings[marker] = embeddings[pieces].mean(0)
+    return list(pieces)
 
 
 @contextmanager
