@@ -61,7 +61,8 @@ class InitResult:
         head = f", count head pinned to {self.count_head}" if self.count_head is not None else ""
         return (
             f"{self.architecture} model on {self.encoder}: {self.parameters / 1e6:.1f}M parameters, "
-            f"tokenizer {self.tokenizer_size} tokens{head}, entity marker [E] from {MARKER_WORD!r}; written to {self.out}"
+            f"tokenizer {self.tokenizer_size} tokens{head}, entity marker [E] from {MARKER_WORD!r}; "
+            f"written to {self.out}"
         )
 
 
