@@ -176,8 +176,11 @@ class TrainingSettings(_Form):
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="fp32 everywhere, or bf16 on CUDA GPUs with native bf16 (fp16 is not supported)."
     )
-    num_epochs: int = Field(
-        default=10, ge=1, description="Passes over the training data (max_steps, when set, decides)."
+    num_epochs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Passes over the training data (empty: the recipe's; 10 for gliner2, 20 for from-encoder; "
+        "max_steps, when set, decides).",
     )
     max_steps: int = Field(
         default=-1,
@@ -190,8 +193,8 @@ class TrainingSettings(_Form):
     recipe: Literal["gliner2", "from-encoder"] = Field(
         default="gliner2",
         description="gliner2: continue training a trained GLiNER2 model; from-encoder: a model built by init-model "
-        "on a pretrained encoder (fresh heads: the encoder at 5e-5, the heads at 1e-3). Sets the learning rates "
-        "and warmup left empty.",
+        "on a pretrained encoder (fresh heads: the encoder at 5e-5, the heads at 1e-3, 20 epochs). Sets the "
+        "learning rates, warmup and epochs left empty.",
     )
     encoder_lr: NonNegative | None = Field(
         default=None, description="Learning rate of the encoder (empty: the recipe's; 1e-5 for gliner2)."

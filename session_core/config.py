@@ -87,7 +87,8 @@ class TrainingConfig:
 
     ``recipe`` (``session_core.recipes``): ``"gliner2"`` (default) to continue training a trained GLiNER2 model,
     ``"from-encoder"`` for a model ``prefect-gliner2 init-model`` built on a pretrained encoder (fresh heads). It sets
-    ``encoder_lr``, ``task_lr`` and ``warmup_ratio`` unless they are given (``None`` means "the recipe's").
+    ``encoder_lr``, ``task_lr``, ``warmup_ratio`` and ``num_epochs`` unless they are given (``None`` means "the
+    recipe's"; ``num_epochs`` is 10 for ``"gliner2"``, 20 for ``"from-encoder"``).
 
     ``repair_count_head``: the pre-flight before training (``runtime.preflight``) stops a span model whose count head
     predicts 0 for every label (it would extract nothing); True pins that head to one instance per label instead
@@ -111,7 +112,7 @@ class TrainingConfig:
 
     output_dir: str = "./output"
     experiment_name: str = "gliner2"
-    num_epochs: int = 10
+    num_epochs: int | None = None  # resolved from the recipe: 10 for "gliner2", 20 for "from-encoder"
     max_steps: int = -1
     batch_size: int = 2
     eval_batch_size: int = 8

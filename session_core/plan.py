@@ -120,6 +120,7 @@ class ManagedTrainingPlan:
             last_updates = cfg.max_steps - (self._num_epochs - 1) * self._updates_per_epoch
             last_batches = min(last_updates * cfg.gradient_accumulation_steps, self._per_epoch)
         else:
+            assert cfg.num_epochs is not None  # the recipe's when not given (resolved when the config was built)
             self._max_steps = self._updates_per_epoch * cfg.num_epochs
             self._num_epochs = cfg.num_epochs
             last_batches = self._per_epoch

@@ -313,3 +313,25 @@ def test_native_kwargs_are_native_training_config_fields() -> None:
     if native is None:
         pytest.skip("gliner2 source is not installed")
     assert set(_cfg().to_native_kwargs()) <= native
+
+
+def test_a_recipe_sets_the_fields_left_empty_and_a_given_value_wins() -> None:
+    from prefect_gliner2.flows.params import TrainingSettings
+    from prefect_gliner2.session_core.recipes import RECIPE_FIELDS, RECIPES
+
+    assert set(RECIPE_FIELDS) == {"encoder_lr", "task_lr", "warmup_ratio", "num_epochs"}
+    for name, values in RECIPES.items():
+        config = _cfg(recipe=name)
+        assert {field: getattr(config, field) for field in RECIPE_FIELDS} == dict(values)
+        form = TrainingSettings(precision="fp32", recipe=name).to_training_config()  # the run form's empty fields
+        assert {field: getattr(form, field) for field in RECIPE_FIELDS} == dict(values)
+    assert (_cfg().num_epochs, _cfg(recipe="from-encoder").num_epochs) == (10, 20)
+    given = _cfg(recipe="from-encoder", num_epochs=3, task_lr=2e-3)
+    assert (given.num_epochs, given.task_lr, given.encoder_lr) == (3, 2e-3, 5e-5)
+    # switching recipes moves what followed the old one and keeps what was given
+    switched = given.replace(recipe="gliner2")
+    assert (switched.num_epochs, switched.task_lr, switched.encoder_lr) == (3, 2e-3, 1e-5)
+    assert _cfg(recipe="from-encoder").replace(recipe="gliner2") == _cfg()
+    assert TrainingConfig.from_dict(_cfg(recipe="from-encoder").to_dict()).num_epochs == 20
+    _rejects("recipe must be one of ['gliner2', 'from-encoder']", recipe="scratch")
+    _rejects("num_epochs must be >= 1", num_epochs=0)

@@ -64,7 +64,7 @@ def _space(**params: Any) -> dict[str, Any]:
         ),
         (
             _space(num_epochs={"type": "float", "low": 1, "high": 3}),
-            "num_epochs is an int field: use `type: int`",
+            r"num_epochs is an int \| None field: use `type: int`",
         ),
         (_space(num_epochs={"type": "int", "low": 1.5, "high": 3}), "`low:` must be an integer, got 1.5"),
         (_space(num_epochs={"type": "int", "low": 1, "high": 9, "step": 0}), "step must be > 0"),

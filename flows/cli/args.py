@@ -42,7 +42,7 @@ def data_arguments(parser: argparse.ArgumentParser, *, config_required: bool) ->
     parser.add_argument(
         "--recipe",
         choices=list(RECIPES),
-        help="learning rates and warmup for where the model starts (replaces the config's recipe): gliner2 to "
+        help="learning rates, warmup and epochs for where the model starts (replaces the config's recipe): gliner2 to "
         "continue a trained GLiNER2 model, from-encoder for a model built by init-model (fresh heads)",
     )
     format_arguments(parser)

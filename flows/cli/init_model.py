@@ -39,5 +39,8 @@ def run(args: Any) -> int:
         print(json.dumps(dataclasses.asdict(result), indent=1))
     else:
         print(result.describe())
-        print(f"train it with its heads' recipe: prefect-gliner2 train --model {result.out} --recipe from-encoder ...")
+        print(
+            f"train it with its recipe (rates, warmup, epochs): prefect-gliner2 train --model {result.out} "
+            "--recipe from-encoder ..."
+        )
     return 0
