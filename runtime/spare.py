@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child, worker_environment
+from prefect_gliner2.runtime.forkserver import start_worker_process
+from prefect_gliner2.runtime.spawn import reap, worker_environment
 
 __all__ = [
     "ENV_SPARE_WORKER",
@@ -60,8 +61,6 @@ def prestart_worker() -> bool:
     """Start a spare worker process now unless one is waiting (see the module docstring); returns True when this
     call started one. ConfigError for a bad ``$PREFECT_GLINER2_WORKER_MEMORY`` (as a worker start would raise)."""
     global _SPARE
-    from prefect_gliner2.runtime.worker_child import worker_main  # cheap: torch loads in the child
-
     if not spare_enabled():
         return False
     with _LOCK:
@@ -69,10 +68,7 @@ def prestart_worker() -> bool:
             return False
         stale, _SPARE = _SPARE, None
         environment = worker_environment()
-        parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
-        process = CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=SPARE_NAME, daemon=True)
-        start_child(process)
-        child_conn.close()
+        process, parent_conn = start_worker_process(SPARE_NAME)
         _SPARE = _Spare(process, parent_conn, environment, os.getpid())
     if stale is not None:
         _kill(stale)

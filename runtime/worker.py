@@ -35,7 +35,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn
-import os
 import secrets
 import signal
 import threading
@@ -43,6 +42,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefect_gliner2.runtime.errors import WorkerDied
+from prefect_gliner2.runtime.forkserver import start_worker_process
 from prefect_gliner2.runtime.protocol import (
     Call,
     Close,
@@ -57,7 +57,7 @@ from prefect_gliner2.runtime.protocol import (
     decode_error,
 )
 from prefect_gliner2.runtime.spare import take_spare
-from prefect_gliner2.runtime.spawn import CONTEXT, reap, start_child
+from prefect_gliner2.runtime.spawn import reap
 from prefect_gliner2.session_core import layout
 
 R = TypeVar("R")
@@ -168,15 +168,7 @@ class SessionWorker:
         label = restore.rstrip("/").rsplit("/", 1)[-1] if restore else "fresh"
         incarnation = f"{label}@{secrets.token_hex(6)}"
         spare = take_spare()  # a process prestart_worker() started (and that has been importing torch since)
-        if spare is not None:
-            process, parent_conn = spare
-        else:
-            parent_conn, child_conn = CONTEXT.Pipe(duplex=True)
-            from prefect_gliner2.runtime.worker_child import worker_main
-
-            process = CONTEXT.Process(target=worker_main, args=(child_conn, os.getpid()), name=self.name, daemon=True)
-            start_child(process)
-            child_conn.close()
+        process, parent_conn = spare if spare is not None else start_worker_process(self.name)
         link = _Link(process, parent_conn, incarnation, restore)
         link.calls[0] = link.init
         parent_conn.send(Init(self.spec, restore))
@@ -184,7 +176,10 @@ class SessionWorker:
         self.starts += 1
         threading.Thread(target=self._read, args=(link,), name=f"{self.name}-reader", daemon=True).start()
         how = "adopted the spare process" if spare is not None else "started"
-        logger.info("session worker %s %s (pid %s, incarnation %s)", self.name, how, process.pid, incarnation)
+        # a forked worker's pid comes after the server's imports: not waited for here
+        pid = process.pid_if_known if hasattr(process, "pid_if_known") else process.pid
+        where = f"pid {pid}" if pid is not None else "forked when the worker forkserver is ready"
+        logger.info("session worker %s %s (%s, incarnation %s)", self.name, how, where, incarnation)
 
     def close(self, timeout: float = 30.0, *, wait: bool = True) -> None:
         """Ask the child to release its session and exit; kill it if it has not within `timeout`.
@@ -210,8 +205,8 @@ class SessionWorker:
     def kill(self) -> None:
         """SIGKILL the child (tests and emergencies); outstanding calls raise WorkerDied."""
         link = self._link
-        if link is not None and link.process.pid is not None and link.process.is_alive():
-            os.kill(link.process.pid, signal.SIGKILL)
+        if link is not None and link.process.is_alive():
+            link.process.kill()
 
     # ---- operations ----------------------------------------------------------------------------------------
 

@@ -141,7 +141,9 @@ def _leave_process_group() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, *, watchdog: bool = True) -> None:
+    """SIGKILL when the thread that started this process ends (Linux), exit 70 at once when `parent_pid` is not the
+    parent any more, and (with `watchdog`) a thread that checks that every half second."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -149,6 +151,8 @@ def _die_with_parent(parent_pid: int) -> None:
             pass
     if os.getppid() != parent_pid:
         os._exit(70)
+    if not watchdog:
+        return
 
     def watch() -> None:
         while True:

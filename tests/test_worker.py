@@ -240,7 +240,8 @@ _PARENT = textwrap.dedent("""
     worker = SessionWorker(WorkerSpec({model!r}, {manifest!r}, 1))
     from prefect_gliner2.runtime.protocol import Status
     worker.call(Status())  # fully up: restored and serving
-    print(worker.pid, flush=True)
+    from prefect_gliner2.runtime.forkserver import server_pids
+    print(" ".join(str(pid) for pid in [worker.pid, *server_pids()]), flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)
 """)
@@ -256,11 +257,12 @@ def test_worker_exits_when_its_parent_dies(run: dict[str, str], how: str) -> Non
         cwd=str(ROOT),
     )
     assert parent.stdout is not None
-    child = int(parent.stdout.readline())
+    child, *servers = (int(pid) for pid in parent.stdout.readline().split())
     if how == "kill-9":
         parent.kill()  # SIGKILL: no atexit, no close(); PR_SET_PDEATHSIG takes the worker down
     parent.wait(30)
     assert pid_gone(child, timeout=15), f"worker {child} survived its parent ({how})"
+    assert all(pid_gone(server, timeout=15) for server in servers), f"forkserver {servers} survived ({how})"
 
 
 def test_lora_run_seeded_from_a_full_model_restores_over_the_same_base(tmp_path: Path) -> None:

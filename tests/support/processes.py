@@ -52,8 +52,10 @@ def assert_no_spare_left(timeout: float = 10.0) -> None:
 
 def _spares() -> list[str]:
     from prefect_gliner2.runtime import spare
+    from prefect_gliner2.runtime.forkserver import forked_workers
 
-    return [p.name for p in multiprocessing.active_children() if p.name == spare.SPARE_NAME]
+    spawned = [p.name for p in multiprocessing.active_children()]
+    return [name for name in [*spawned, *(name for name, _ in forked_workers())] if name == spare.SPARE_NAME]
 
 
 @contextlib.contextmanager

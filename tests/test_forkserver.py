@@ -1,0 +1,156 @@
+"""Session workers forked from the preloaded server (runtime.forkserver): the same bits as a spawned worker, what a
+spawned child would take from this process taken at each start, a new server when the environment changes, and a
+start that still happens (spawned) when the server dies before forking or cannot import."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from prefect_gliner2.runtime import forkserver
+from prefect_gliner2.runtime.errors import WorkerDied, WorkerError
+from prefect_gliner2.runtime.protocol import Advance, Export, Status
+from prefect_gliner2.runtime.rundir import RunDirectory
+from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
+from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
+from prefect_gliner2.session_core.errors import ConfigError, SessionCoreError
+
+from support.config import training_config
+from support.flow import THREADS, assert_same_export, make_inputs, tiny_model_dir
+from support.processes import pid_gone
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("forkserver")
+    inputs = make_inputs(root / "data")
+    plan = ManagedTrainingPlan(inputs["train"], TrainingConfig.from_dict(training_config()), architecture="span")
+    run_dir = RunDirectory(str(root / "runs"), "f")
+    run_dir.create()
+    run_dir.ensure_manifest(plan.manifest_bytes(inputs["valid"]))
+    return {"manifest": run_dir.manifest_uri, "model": tiny_model_dir(root, "span"), "batches": str(plan.batch_count)}
+
+
+def _worker(run: dict[str, str]) -> SessionWorker:
+    return SessionWorker(WorkerSpec(run["model"], run["manifest"], THREADS))
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_forked_worker_trains_the_bits_a_spawned_one_does(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default start forks the worker from a server that is this process's child; the worker takes this
+    process's working directory and standard error at its start (not the server's), and trains exactly what a
+    spawned worker trains."""
+    assert forkserver.start_mode() == "forkserver"
+    last = int(run["batches"]) - 1
+    forked = _worker(run)
+    try:
+        forked.call(Status())
+        monkeypatch.chdir(tmp_path)  # after the server started: the next worker must still start here
+        moved = _worker(run)
+        try:
+            moved.call(Status())
+            pid = moved.pid or 0
+            server = _parent(pid)
+            assert server != os.getpid() and _parent(server) == os.getpid() and server in forkserver.server_pids()
+            assert os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)
+            assert os.readlink(f"/proc/{pid}/fd/2") == os.readlink("/proc/self/fd/2")
+            assert (moved.pid or 0, "gliner2-session-worker") in [(p, n) for n, p in forkserver.forked_workers()]
+        finally:
+            moved.close()
+        forked.call(Advance(first=0, through=last))
+        forked.call(Export(uri=str(tmp_path / "forked"), which="final"))
+    finally:
+        forked.close()
+    monkeypatch.setenv(forkserver.ENV_WORKER_START, "spawn")
+    spawned = _worker(run)
+    try:
+        spawned.call(Advance(first=0, through=last))
+        assert _parent(spawned.pid or 0) == os.getpid()
+        spawned.call(Export(uri=str(tmp_path / "spawned"), which="final"))
+    finally:
+        spawned.close()
+    assert_same_export(str(tmp_path / "forked"), str(tmp_path / "spawned"))
+    monkeypatch.setenv(forkserver.ENV_WORKER_START, "fork")
+    with pytest.raises(ConfigError, match="PREFECT_GLINER2_WORKER_START='fork' is not one of forkserver, spawn"):
+        _worker(run).call(Status())
+
+
+def test_a_changed_environment_gets_a_new_server_and_the_old_one_exits_after_its_last_worker(
+    run: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variable a library may read while importing changed: the next worker comes from a new server, started
+    with it; the old server forks nothing more and exits when its last worker has (which keeps running till then).
+    Prefect's own variables do not count."""
+    monkeypatch.setenv("GLINER2_TEST_IDENTITY", "one")
+    first = _worker(run)
+    try:
+        first.call(Status())
+        old = _parent(first.pid or 0)
+        monkeypatch.setenv("PREFECT_GLINER2_TEST_UNRELATED", "x")  # Prefect's namespace: the same server
+        same = _worker(run)
+        try:
+            same.call(Status())
+            assert _parent(same.pid or 0) == old
+        finally:
+            same.close()
+        monkeypatch.setenv("GLINER2_TEST_IDENTITY", "two")
+        second = _worker(run)
+        try:
+            second.call(Status())
+            new = _parent(second.pid or 0)
+            assert new != old and forkserver.server_pids()[-1] == new
+            assert first.call(Advance(first=0, through=1)).cursor == 2  # the retired server's worker runs on
+            assert not pid_gone(old, timeout=0.5)
+            first.close()
+            assert pid_gone(old), "a retired server outlived its last worker"
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_a_server_killed_before_it_forks_leaves_the_start_to_a_spawned_worker(
+    run: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GLINER2_TEST_IDENTITY", "killed")  # a server of its own, still importing when killed
+    worker = _worker(run)
+    try:
+        assert worker.start()
+        server = forkserver.server_pids()[-1]
+        os.kill(server, 9)
+        assert worker.call(Status()).cursor == 0
+        assert _parent(worker.pid or 0) == os.getpid()  # spawned: the server never forked it
+        worker.kill()
+        with pytest.raises(WorkerDied, match="killed by SIGKILL"):
+            worker.call(Status())
+    finally:
+        worker.close()
+    assert pid_gone(server)
+
+
+def test_a_server_that_cannot_import_leaves_the_start_to_a_spawned_worker_which_reports_why(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gliner2 that fails to import: the server says it cannot fork, and the worker the start was asked for is
+    spawned, which reports the import error as a worker always has (no hang, no silent fallback to nothing)."""
+    planted = tmp_path / "planted" / "gliner2"
+    planted.mkdir(parents=True)
+    (planted / "__init__.py").write_text("raise ImportError('planted: this gliner2 cannot be imported')\n")
+    monkeypatch.syspath_prepend(str(planted.parent))
+    worker = _worker(run)
+    started = time.monotonic()
+    try:
+        with pytest.raises((SessionCoreError, WorkerError, WorkerDied), match="planted"):
+            worker.call(Status(), timeout=120)
+    finally:
+        worker.close()
+    assert time.monotonic() - started < 120
