@@ -35,7 +35,6 @@ import contextlib
 import os
 import pickle
 import select
-import selectors
 import signal
 import socket
 import sys
@@ -43,6 +42,7 @@ import threading
 import weakref
 from typing import Any
 
+from prefect_gliner2.runtime.forkserver_main import MESSAGE_BYTES, server_main
 from prefect_gliner2.runtime.spawn import CONTEXT, start_child, worker_environment
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
 ENV_WORKER_START = "PREFECT_GLINER2_WORKER_START"
 _MODES = ("forkserver", "spawn")
 SERVER_NAME = "gliner2-worker-forkserver"
-_MESSAGE_BYTES = 1 << 20
 _STARTED_TIMEOUT = 600.0  # a pid is waited for this long (the server's imports come first)
 
 
@@ -312,7 +311,7 @@ class _Server:
     def _read(self) -> None:
         while True:
             try:
-                data, fds, _flags, _address = socket.recv_fds(self.sock, _MESSAGE_BYTES, 1)
+                data, fds, _flags, _address = socket.recv_fds(self.sock, MESSAGE_BYTES, 1)
             except OSError:
                 data, fds = b"", []
             if not data:
@@ -400,143 +399,3 @@ def _server_for(environment: dict[str, str]) -> _Server:
             current = _Server(identity)
             _SERVERS.append(current)
         return current
-
-
-# ---- the server process -------------------------------------------------------------------------------------
-
-
-def server_main(sock: socket.socket, parent_pid: int) -> None:
-    """Entry point of the server process (see the module docstring)."""
-    from prefect_gliner2.runtime import worker_child
-
-    worker_child._leave_process_group()
-    worker_child._die_with_parent(parent_pid, watchdog=False)
-    worker_child._quiet_logging()
-    why = _preload()
-    _send(sock, {"op": "broken", "why": why} if why else {"op": "ready"})
-    selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
-    children: dict[int, int] = {}  # pidfd -> pid
-    retiring = False
-    while not (retiring and not children):
-        events = selector.select(0.5)
-        if os.getppid() != parent_pid:
-            os._exit(0)  # the flow process is gone; the workers' parent-death signal follows this exit
-        for key, _mask in events:
-            if key.fileobj is not sock:
-                pid = children.pop(int(key.fd))
-                selector.unregister(key.fd)
-                _pid, status = os.waitpid(pid, 0)
-                os.close(int(key.fd))
-                _send(sock, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
-                continue
-            try:
-                data, fds, _flags, _address = socket.recv_fds(sock, _MESSAGE_BYTES, 3)
-            except OSError:
-                os._exit(0)
-            if not data:
-                os._exit(0)  # the flow process closed its end
-            request = pickle.loads(data)
-            if request["op"] == "retire":
-                retiring = True
-            elif why:
-                _closing(fds)
-                _send(sock, {"op": "failed", "id": request["id"], "why": why})
-            else:
-                _fork(request, fds, sock, selector, children)
-    os._exit(0)
-
-
-def _preload() -> str | None:
-    """Import what a worker imports before its run; None, or why this process must not fork workers."""
-    try:
-        import torch
-        from gliner2 import AutoExtractor  # noqa: F401
-
-        import prefect_gliner2.runtime.session_runner  # noqa: F401
-        import prefect_gliner2.training.managed  # noqa: F401
-        import prefect_gliner2.training.session_checkpoint  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - a spawned worker raises it again, and reports it
-        return f"its imports failed ({type(exc).__name__}: {exc})"
-    if torch.cuda.is_initialized():
-        return "CUDA was initialised while importing (a forked child could not use it)"
-    if threading.active_count() != 1:
-        return f"{threading.active_count()} Python threads after importing (forking needs one)"
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError as exc:
-        return f"this kernel has no pidfd ({exc})"
-    return None
-
-
-def _fork(
-    request: dict[str, Any], fds: list[int], sock: socket.socket, selector: Any, children: dict[int, int]
-) -> None:
-    server_pid = os.getpid()
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        _closing(fds)
-        _send(sock, {"op": "failed", "id": request["id"], "why": f"fork failed ({exc})"})
-        return
-    if pid == 0:
-        _become_worker(request, fds, server_pid, [sock.fileno(), *children], selector)
-    _closing(fds)
-    pidfd = os.pidfd_open(pid)  # before this process can reap it: the descriptor names this very process
-    children[pidfd] = pid
-    selector.register(pidfd, selectors.EVENT_READ)
-    socket.send_fds(sock, [pickle.dumps({"op": "started", "id": request["id"], "pid": pid})], [pidfd])
-
-
-def _become_worker(
-    request: dict[str, Any], fds: list[int], server_pid: int, inherited: list[int], selector: Any
-) -> None:
-    """In the forked child: take what a spawned child would have taken from the flow process, then run the worker;
-    never returns."""
-    code = 1
-    try:
-        import multiprocessing
-        import multiprocessing.connection
-
-        from prefect_gliner2.runtime.worker_child import worker_main
-
-        selector.close()
-        for fd in inherited:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        conn_fd, out, err = fds
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        for fd in (out, err):
-            if fd > 2:
-                os.close(fd)
-        os.chdir(request["cwd"])
-        sys.path[:] = request["sys_path"]
-        sys.argv[:] = request["sys_argv"]
-        os.environ.clear()
-        os.environ.update(request["environ"])
-        multiprocessing.current_process().name = request["name"]
-        worker_main(multiprocessing.connection.Connection(conn_fd), server_pid)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - reported on the worker's standard error, as a spawned worker would
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):
-        sock.send(pickle.dumps(message))
-
-
-def _closing(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

@@ -12,7 +12,9 @@ long file alone at the end.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -25,11 +27,22 @@ __all__ = ["postgres_url", "prefect_server", "s3_bucket", "s3_endpoint"]  # fixt
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
+_MADE_HERE: list[str] = []
+
+
+def _scratch(name: str, prefix: str) -> None:
+    """``$name`` to a new temporary directory unless set; a directory made here is removed when this process exits."""
+    if name not in os.environ:
+        os.environ[name] = tempfile.mkdtemp(prefix=prefix)
+        _MADE_HERE.append(os.environ[name])
+
+
+atexit.register(lambda: [shutil.rmtree(path, ignore_errors=True) for path in _MADE_HERE])
+_scratch("PREFECT_HOME", "prefect-home-")
 # One intra-op thread everywhere (this process and every child it spawns): faster on 2 cores, and the thread
 # count is part of a checkpoint's compatibility, so parents and children must agree.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("PREFECT_GLINER2_CACHE", tempfile.mkdtemp(prefix="prefect-gliner2-cache-"))
+_scratch("PREFECT_GLINER2_CACHE", "prefect-gliner2-cache-")
 
 
 # The costliest files, heaviest first: CPU seconds of each file's processes in one `make test` (2 cores, tests/

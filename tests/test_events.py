@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from support.flow import ROOT, TESTS
@@ -52,7 +51,7 @@ def test_new_data_runs_the_retraining_deployment(tmp_path: Path) -> None:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]),
-        PREFECT_HOME=tempfile.mkdtemp(prefix="prefect-home-events-"),
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
     )
     env.pop("PREFECT_API_URL", None)
     done = subprocess.run(
