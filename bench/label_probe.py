@@ -17,6 +17,11 @@
    (standardised features, trained on half the records' prompts, scored on the other half, each prompt's labels in a
    random order) predicts which label a marker belongs to from the encoder's output at that marker: near 1 when
    the name reaches the marker, 1/k when it does not. ``--init`` probes the model the run started from as well.
+5. ``--marker-words type,entity,is,the,[MASK]`` (instead of 1-4; usually on an init model): the ``[E]`` marker's
+   input embedding set to each word's, to the vocabulary's mean embedding (the centre of the draw transformers gives
+   a new token) and as loaded; for each, measurement 3's label part and position part of the markers' output, their
+   ratio, and the share of the markers' variance each explains. How init-model's marker word was chosen
+   (runtime/model_init.py).
 
 Reads the model with gliner2 itself (``GLiNER2.from_pretrained``); the probe uses the loaded model's encoder and
 tokenizer (``model.encoder``, ``model.processor.tokenizer``), not the product's packages. CPU, a minute or two.
@@ -97,7 +102,11 @@ def _markers(model: Any, words_after: list[str], order: list[str]) -> Any:
     return hidden.last_hidden_state[0, [i for i, token in enumerate(ids) if token == marker]]
 
 
-def label_or_position(model: Any, labels: list[str]) -> None:
+def _split(model: Any, labels: list[str]) -> dict[str, tuple[float, float, float, float, float]]:
+    """Over every order of `labels` (at most 24, seeded) on the fixed sentence, for the markers and the queries:
+    the label part and the position part of their variation around the mean (the mean norm of the label means' and
+    the position means' offsets from it), the mean's norm, and the share of the variance (mean squared distance to the
+    mean) each part explains."""
     import itertools
 
     import torch
@@ -111,17 +120,64 @@ def label_or_position(model: Any, labels: list[str]) -> None:
         with torch.no_grad():
             queries = model.count_embed(markers, 1)[0]
         rows += [(labels.index(label), p, markers[p], queries[p]) for p, label in enumerate(order)]
+    split = {}
     for name, column in (("markers", 2), ("queries", 3)):
         x = torch.stack([row[column] for row in rows])
         mean = x.mean(0)
-        parts = []
+        total = float(((x - mean) ** 2).sum(1).mean())
+        norms, shares = [], []
         for key in (0, 1):
             groups = [x[[i for i, row in enumerate(rows) if row[key] == k]] for k in range(len(labels))]
-            parts.append(float(torch.stack([g.mean(0) - mean for g in groups if len(g)]).norm(dim=1).mean()))
+            offsets = torch.stack([g.mean(0) - mean for g in groups if len(g)])
+            norms.append(float(offsets.norm(dim=1).mean()))
+            shares.append(float((offsets**2).sum(1).mean()) / total)
+        split[name] = (norms[0], norms[1], float(mean.norm()), shares[0], shares[1])
+    return split
+
+
+def label_or_position(model: Any, labels: list[str]) -> None:
+    for name, (label, position, mean, _, _) in _split(model, labels).items():
         print(
-            f"3. {name}: label part {parts[0]:.2f}, position part {parts[1]:.2f}, mean {float(mean.norm()):.2f} "
-            f"(label part / mean {parts[0] / float(mean.norm()):.3f})"
+            f"3. {name}: label part {label:.2f}, position part {position:.2f}, mean {mean:.2f} "
+            f"(label part / mean {label / mean:.3f})"
         )
+
+
+def marker_words(model: Any, labels: list[str], words: list[str]) -> None:
+    """The ``[E]`` marker's input embedding set to each word's (and to the vocabulary's mean embedding, the centre
+    of the draw transformers gives a new token): how much of the marker's output the label after it explains against
+    its position in the prompt (the same split as measurement 3, on the markers)."""
+    import torch
+
+    tokenizer = model.processor.tokenizer
+    table = model.encoder.get_input_embeddings().weight
+    marker = tokenizer.convert_tokens_to_ids("[E]")
+    loaded = table[marker].detach().clone()
+    candidates = {"as loaded": loaded, "mean embedding": table[: len(tokenizer) - 1].detach().mean(0)}
+    for word in words:
+        ids = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(word))
+        if len(ids) != 1 or ids[0] == tokenizer.unk_token_id:
+            raise SystemExit(f"--marker-words: {word!r} is not one token of this model's tokenizer ({ids})")
+        candidates[word] = table[ids[0]].detach().clone()
+    print(
+        f"the [E] marker's input embedding set to each candidate ({len(labels)} labels, their orders on one sentence):"
+    )
+    print(
+        f"{'start':<16} {'label part':>10} {'position part':>13} {'label / position':>16} {'variance: label':>15} "
+        f"{'position':>8}"
+    )
+    try:
+        for name, vector in candidates.items():
+            with torch.no_grad():
+                table[marker] = vector
+            label, position, _, label_share, position_share = _split(model, labels)["markers"]
+            print(
+                f"{name:<16} {label:>10.2f} {position:>13.2f} {label / position:>16.2f} {label_share:>15.1%} "
+                f"{position_share:>8.1%}"
+            )
+    finally:
+        with torch.no_grad():
+            table[marker] = loaded
 
 
 def marker_probe(model: Any, records: list[dict[str, Any]], labels: list[str]) -> float:
@@ -158,6 +214,10 @@ def main() -> None:
     parser.add_argument("--init", help="the model the run started from (init-model's output), probed as well")
     parser.add_argument("--threshold", type=float, default=0.02)
     parser.add_argument("--probe-records", type=int, default=120)
+    parser.add_argument(
+        "--marker-words",
+        help="comma-separated words: compare starting the [E] marker as each of them (measurement 5) and stop",
+    )
     args = parser.parse_args()
 
     from gliner2 import GLiNER2
@@ -165,6 +225,9 @@ def main() -> None:
     records = _records(args.data)
     labels = _labels(records)
     model = GLiNER2.from_pretrained(args.model)
+    if args.marker_words:
+        marker_words(model, labels, [w.strip() for w in args.marker_words.split(",") if w.strip()])
+        return
     own_label_on_top(model, records, labels, args.threshold)
     same_answer(model, labels, 0.05)
     label_or_position(model, labels)
