@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
 from support.config import training_config
 from support.flow import FAULT_SITE, ROOT, THREADS, assert_same_export, make_inputs, reference_export, wait_for_marker
-from support.services import _stop, _wait_http, free_port
+from support.services import _stop, _wait_http, free_port, fresh_database
 
 pytestmark = pytest.mark.fleet
 
@@ -61,7 +62,7 @@ def fleet_server(postgres_url: str) -> Iterator[str]:
     env = {
         **os.environ,
         "PREFECT_HOME": home,
-        "PREFECT_API_DATABASE_CONNECTION_URL": postgres_url,
+        "PREFECT_API_DATABASE_CONNECTION_URL": fresh_database(postgres_url),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "false",
     }
@@ -82,6 +83,7 @@ def fleet_server(postgres_url: str) -> Iterator[str]:
     finally:
         _stop(server)  # type: ignore[arg-type]
         log.close()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _worker(api: str, name: str, log: Path, env: dict[str, str], queue: str | None = None) -> subprocess.Popen[bytes]:

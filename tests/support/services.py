@@ -150,3 +150,15 @@ def postgres_url() -> Iterator[str]:
     finally:
         subprocess.run(_as_postgres_user([pg_ctl, "-D", data, "-m", "immediate", "stop"]), check=False)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def fresh_database(url: str) -> str:
+    """A new, empty database on the cluster of `url` (a ``postgres_url``): one per Prefect server, so two servers of
+    one session (two modules' fixtures) do not see each other's work pools, deployments and automations."""
+    host_port = url.rsplit("@", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    name = f"prefect_{uuid.uuid4().hex[:12]}"
+    subprocess.run(
+        _as_postgres_user([postgres_bin("createdb"), "-h", host, "-p", port, "-U", "prefect", name]), check=True
+    )
+    return f"{url.rsplit('/', 1)[0]}/{name}"
