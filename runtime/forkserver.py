@@ -12,9 +12,10 @@ imports what ``worker_main`` imports before a run arrives, and then forks one wo
   (with ``worker_environment()``), the working directory, ``sys.path``, ``sys.argv`` and the standard output and
   error (their file descriptors), so a forked worker sees what a spawned one sees now, not what the server saw when
   it started;
-- variables that a library may read while it is imported (every variable but Prefect's own ``PREFECT_*``, and
-  ``sys.path``) are the server's identity: when they change, the next start gets a new server, and the old one exits
-  once its last worker has (it forks nothing more);
+- variables that a library may read while it is imported (every variable but those a harness sets per run or per
+  test, ``RUNTIME_ONLY``: Prefect's ``PREFECT_*``, pytest's ``PYTEST_CURRENT_TEST``), and ``sys.path``, are the
+  server's identity: when they change, the next start gets a new server, and the old one exits once its last worker
+  has (it forks nothing more);
 - a worker's exit is observable without being its parent: the server opens a pidfd for each worker before it could
   reap it and hands it over (``sentinel``, ``is_alive``, ``kill`` through it: no pid reuse race), and reports each
   exit status; ``ForkedProcess`` is the part of ``multiprocessing.Process`` the callers use;
@@ -236,9 +237,14 @@ def _ready(fd: int | None, timeout: float) -> bool:
 # ---- the flow side of a server ------------------------------------------------------------------------------
 
 
+#: Variables that change from run to run or test to test of one process and that no library reads while importing:
+#: a change of these does not start a new server (a forked worker still gets their values of the moment).
+RUNTIME_ONLY = ("PREFECT_", "PYTEST_CURRENT_TEST")
+
+
 def _identity(environment: dict[str, str]) -> tuple[Any, ...]:
     """What a server is started with that a library may read while it is imported (see the module docstring)."""
-    variables = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_ONLY)}
     variables.update(environment)
     return tuple(sorted(variables.items())), tuple(sys.path)
 

@@ -89,13 +89,14 @@ def test_a_changed_environment_gets_a_new_server_and_the_old_one_exits_after_its
 ) -> None:
     """A variable a library may read while importing changed: the next worker comes from a new server, started
     with it; the old server forks nothing more and exits when its last worker has (which keeps running till then).
-    Prefect's own variables do not count."""
+    Prefect's own variables and pytest's current test do not count."""
     monkeypatch.setenv("GLINER2_TEST_IDENTITY", "one")
     first = _worker(run)
     try:
         first.call(Status())
         old = _parent(first.pid or 0)
         monkeypatch.setenv("PREFECT_GLINER2_TEST_UNRELATED", "x")  # Prefect's namespace: the same server
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")  # pytest's, set anew for every test
         same = _worker(run)
         try:
             same.call(Status())
