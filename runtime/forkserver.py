@@ -22,12 +22,12 @@ imports what ``worker_main`` imports before a run arrives, and then forks one wo
 - dying with the flow process: the server has the worker's parent-death signal and watches its parent and its
   socket; each worker has its own on the server (``worker_main`` as before, with the server as its parent). The
   server leaves the terminal's process group as a worker does, and forks from its only Python thread (importing
-  torch and gliner2 starts two native helper threads that wait on a futex and hold nothing);
+  torch and gliner2 starts two native helper threads, idle in a futex wait);
 - a server that cannot fork (its imports failed, CUDA initialised during them, no pidfd on this kernel) says so, and
   every start it was asked for becomes a spawned worker, which reports the import error as before.
 
-``$PREFECT_GLINER2_WORKER_START``: ``forkserver`` (the default on Linux) or ``spawn`` (one fresh interpreter per
-worker, the only mode elsewhere). The server idles at ~400 MB resident while no worker runs.
+``$PREFECT_GLINER2_WORKER_START``: ``forkserver`` (the default on Linux) or ``spawn`` (a fresh interpreter per worker,
+the only mode elsewhere). The server is ~400 MB resident, most of it shared copy-on-write with each worker it forked.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import threading
 import weakref
 from typing import Any
 
-from prefect_gliner2.runtime.forkserver_main import MESSAGE_BYTES, server_main
+from prefect_gliner2.runtime.forkserver_main import MESSAGE_BYTES, server_main, stdio_to_hand_over
 from prefect_gliner2.runtime.spawn import CONTEXT, start_child, worker_environment
 
 __all__ = [
@@ -300,7 +300,7 @@ class _Server:
         request["id"] = ident
         conn = process._child_conn
         assert conn is not None
-        with _stdio() as (out, err):
+        with stdio_to_hand_over() as (out, err):
             try:
                 with self._send_lock:
                     socket.send_fds(self.sock, [pickle.dumps(request)], [conn.fileno(), out, err])
@@ -369,25 +369,6 @@ class _Server:
         with _LOCK:
             if self in _SERVERS:
                 _SERVERS.remove(self)
-
-
-@contextlib.contextmanager
-def _stdio() -> Any:
-    """This process's standard output and error as descriptors to hand over (/dev/null for a closed one)."""
-    opened: list[int] = []
-    fds = []
-    for fd in (1, 2):
-        try:
-            os.fstat(fd)
-            fds.append(fd)
-        except OSError:
-            fds.append(os.open(os.devnull, os.O_WRONLY))
-            opened.append(fds[-1])
-    try:
-        yield fds[0], fds[1]
-    finally:
-        for fd in opened:
-            os.close(fd)
 
 
 _SERVERS: list[_Server] = []

@@ -20,9 +20,10 @@ import selectors
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MESSAGE_BYTES", "server_main"]
+__all__ = ["MESSAGE_BYTES", "server_main", "stdio_to_hand_over"]
 
 MESSAGE_BYTES = 1 << 20
 
@@ -161,4 +162,24 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 def _closing(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def stdio_to_hand_over() -> Iterator[tuple[int, int]]:
+    """(In the flow process) its standard output and error as descriptors to hand to a worker (/dev/null for a
+    closed one)."""
+    opened: list[int] = []
+    fds = []
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_WRONLY))
+            opened.append(fds[-1])
+    try:
+        yield fds[0], fds[1]
+    finally:
+        for fd in opened:
             os.close(fd)
