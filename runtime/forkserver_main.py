@@ -32,9 +32,9 @@ def server_main(sock: socket.socket, parent_pid: int) -> None:
     """Entry point of the server process (see the module docstring)."""
     from prefect_gliner2.runtime import worker_child
 
-    worker_child._leave_process_group()
-    worker_child._die_with_parent(parent_pid, watchdog=False)
-    worker_child._quiet_logging()
+    worker_child.leave_process_group()
+    worker_child.die_with_parent(parent_pid, watchdog=False)
+    worker_child.quiet_logging()
     why = _preload()
     _send(sock, {"op": "broken", "why": why} if why else {"op": "ready"})
     selector = selectors.DefaultSelector()

@@ -27,7 +27,7 @@ from prefect_gliner2.runtime.protocol import Call, Close, Init, Reply, Status, e
 from prefect_gliner2.runtime.session_runner import SessionRunner, StartClock
 from prefect_gliner2.runtime.worker_setup import head_start
 
-__all__ = ["worker_main"]
+__all__ = ["die_with_parent", "leave_process_group", "quiet_logging", "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 _WATCHDOG_SECONDS = 0.5
@@ -35,9 +35,9 @@ _WATCHDOG_SECONDS = 0.5
 
 def worker_main(conn: Any, parent_pid: int) -> None:
     """Entry point of the child process (see the module docstring)."""
-    _leave_process_group()
-    _die_with_parent(parent_pid)
-    _quiet_logging()
+    leave_process_group()
+    die_with_parent(parent_pid)
+    quiet_logging()
     clock = StartClock()
     # before the run arrives: a spare (runtime.spare) has it done by then; a worker spawned for its run has the run
     # by the time torch is imported, and starts reading its checkpoint before importing the rest
@@ -127,7 +127,7 @@ def _reply_error(conn: Any, op_id: int, exc: BaseException) -> None:
         pass
 
 
-def _leave_process_group() -> None:
+def leave_process_group() -> None:
     """Run in a session of our own: terminal signals (Ctrl-C, SIGTERM to the group) are the parent's to handle.
 
     The parent spawns this process with SIGINT and SIGTERM blocked; one sent to the group before the ``setsid``
@@ -141,7 +141,7 @@ def _leave_process_group() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-def _die_with_parent(parent_pid: int, *, watchdog: bool = True) -> None:
+def die_with_parent(parent_pid: int, *, watchdog: bool = True) -> None:
     """SIGKILL when the thread that started this process ends (Linux), exit 70 at once when `parent_pid` is not the
     parent any more, and (with `watchdog`) a thread that checks that every half second."""
     if sys.platform.startswith("linux"):
@@ -163,7 +163,8 @@ def _die_with_parent(parent_pid: int, *, watchdog: bool = True) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _quiet_logging() -> None:
+def quiet_logging() -> None:
+    """Quiet tokenizers and transformers, deterministic cuBLAS workspaces (kept where set), warnings to stderr."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
