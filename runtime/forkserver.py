@@ -33,6 +33,7 @@ the only mode elsewhere). The server is ~400 MB resident, most of it shared copy
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import select
@@ -54,6 +55,8 @@ __all__ = [
     "start_mode",
     "start_worker_process",
 ]
+
+logger = logging.getLogger(__name__)
 
 ENV_WORKER_START = "PREFECT_GLINER2_WORKER_START"
 _MODES = ("forkserver", "spawn")
@@ -362,6 +365,13 @@ class _Server:
             process._spawn_instead()
         for process in running:
             process._ended(255)
+        if running:
+            logger.warning(
+                "the session worker forkserver (pid %s) exited (%s); the workers it had forked died with it: %s",
+                self.process.pid,
+                "retired" if self.retired else "killed or crashed",
+                ", ".join(f"{p.name} pid {p.pid_if_known}" for p in running),
+            )
         with contextlib.suppress(OSError):
             self.sock.close()
         if self.pid_owner == os.getpid():

@@ -5,6 +5,7 @@ start that still happens (spawned) when the server dies before forking or cannot
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -12,14 +13,15 @@ import pytest
 
 from prefect_gliner2.runtime import forkserver
 from prefect_gliner2.runtime.errors import WorkerDied, WorkerError
-from prefect_gliner2.runtime.protocol import Advance, Export, Status
+from prefect_gliner2.runtime.faults import Fault, FaultPlan
+from prefect_gliner2.runtime.protocol import Advance, Checkpoint, Export, Status
 from prefect_gliner2.runtime.rundir import RunDirectory
 from prefect_gliner2.runtime.worker import SessionWorker, WorkerSpec
 from prefect_gliner2.session_core import ManagedTrainingPlan, TrainingConfig
 from prefect_gliner2.session_core.errors import ConfigError, SessionCoreError
 
 from support.config import training_config
-from support.flow import THREADS, assert_same_export, make_inputs, tiny_model_dir
+from support.flow import THREADS, assert_same_export, make_inputs, tiny_model_dir, wait_for_marker
 from support.processes import pid_gone
 
 
@@ -136,6 +138,49 @@ def test_a_server_killed_before_it_forks_leaves_the_start_to_a_spawned_worker(
     finally:
         worker.close()
     assert pid_gone(server)
+
+
+def test_a_server_killed_under_a_running_worker_takes_it_down_and_the_next_call_starts_anew(
+    run: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGKILL of the server while its worker trains: the worker dies with it (its parent-death signal), the calls
+    on it raise WorkerDied (retryable), the log says why, and the next call gets a worker from a new server that
+    restores the checkpoint and trains on to the bits of an uninterrupted run."""
+    monkeypatch.setenv("GLINER2_TEST_IDENTITY", "server-killed-mid-run")
+    last = int(run["batches"]) - 1
+    checkpoint = str(tmp_path / "step-000001-batch-000003")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    # the first worker waits at batch 6 until its server is killed (once: the next worker trains on at once)
+    faults = FaultPlan(faults=(Fault.pause("batch", 6, 120, once=str(markers / "paused")),), markers=str(markers))
+    restore: list[str | None] = [None]
+    spec = WorkerSpec(run["model"], run["manifest"], THREADS, faults=faults)
+    worker = SessionWorker(spec, restore_locator=lambda: restore[0])
+    try:
+        worker.call(Checkpoint(index=3, uri=checkpoint))
+        restore[0] = checkpoint
+        worker.call(Advance(first=4, through=5))
+        first, server = worker.pid or 0, _parent(worker.pid or 0)
+        in_flight = worker.submit(Advance(first=6, through=6))
+        assert wait_for_marker(markers, "batch-6") == first
+        os.kill(server, signal.SIGKILL)
+        with pytest.raises(WorkerDied, match="exit code 255"):
+            in_flight.result(60)
+        assert pid_gone(first) and pid_gone(server)
+        assert any("forkserver" in r.getMessage() and "died with it" in r.getMessage() for r in caplog.records)
+        resumed = worker.call(Advance(first=4, through=last))
+        assert resumed.cursor == last + 1 and worker.restored_from == checkpoint
+        assert _parent(worker.pid or 0) not in (server, os.getpid())  # forked by a new server
+        worker.call(Export(uri=str(tmp_path / "resumed"), which="final"))
+    finally:
+        worker.close()
+    uninterrupted = _worker(run)
+    try:
+        uninterrupted.call(Advance(first=0, through=last))
+        uninterrupted.call(Export(uri=str(tmp_path / "uninterrupted"), which="final"))
+    finally:
+        uninterrupted.close()
+    assert_same_export(str(tmp_path / "resumed"), str(tmp_path / "uninterrupted"))
 
 
 def test_a_server_that_cannot_import_leaves_the_start_to_a_spawned_worker_which_reports_why(
