@@ -18,7 +18,7 @@ from prefect_gliner2.flows.report_text import NAME_LABEL, RESUMED_BY_LABEL, RESU
 from prefect_gliner2.runtime.events import CHECKPOINT_COMMITTED
 from prefect_gliner2.runtime.faults import Fault, FaultPlan
 
-from support.flow import flow_child, make_space, run_flow, space_params, wait_for_marker
+from support.flow import flow_child, installed_faults, make_space, run_flow, space_params, wait_for_marker
 from support.processes import kill9
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -47,7 +47,10 @@ def _params(space: dict[str, Any], run_key: str) -> dict[str, Any]:
 
 
 def test_a_finished_runs_labels_name_and_message_are_its_final_position(space: dict[str, Any]) -> None:
-    summary = run_flow(**_params(space, "ui-final"))
+    # the first batch takes 3 s: the tiny run is otherwise over in about a second (its worker forked ready in a
+    # fraction of one), before the background lane has shown any position, and the first one shown is the start
+    with installed_faults(FaultPlan((Fault.pause("batch", 0, 3.0),))):
+        summary = run_flow(**_params(space, "ui-final"))
     cursor = json.loads((space["root"] / "runs" / "ui-final" / "cursor.json").read_text())
     with _client() as client:  # read at once: no waiting for a background update
         flow_run = client.read_flow_run(UUID(summary["flow_run_id"]))
