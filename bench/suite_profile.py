@@ -33,7 +33,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 INTERVAL = 0.2
 KINDS = (  # (a word of the command line, the kind), first match wins
     ("exec(eval(sys.stdin.readline()))", "pytest-xdist worker (the tests' own code)"),
-    ("spawn_main", "session worker (multiprocessing spawn)"),
+    ("spawn_main", "multiprocessing spawn child (session worker, scoring or ONNX child)"),
     ("support.forkserver", "fork server and its children"),
     ("support.flow_child", "flow child"),
     ("support.session_child", "session child"),
@@ -127,7 +127,17 @@ def _runnable(pid: int) -> bool:
     return False
 
 
+#: (the name in /proc/PID/comm, the kind): the worker forkserver and the workers it forks share the spawn command line
+COMMS = (("gliner2-forksrv", "session worker forkserver"), ("gliner2-worker", "session worker (forked)"))
+
+
 def _kind(pid: int) -> str:
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    if named := next((kind for name, kind in COMMS if name == comm), None):
+        return named
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:

@@ -10,7 +10,8 @@ session workers one after another on the same run (the tiny span model, spare wo
 workers, or a served deployment's runs do in one process. Printed per mode, median (min-max) over the rounds: the
 first worker's start (the server's imports come first), the later workers' (median of each round), the process's
 wall time and the CPU seconds of the process and every process below it (``RUSAGE_CHILDREN``); then the ratios
-forkserver / spawn.
+forkserver / spawn. Last, the memory of a forkserver and of an idle worker it forked (``/proc/PID/smaps_rollup``:
+resident, proportional, shared): what the server costs while its flow process lives.
 """
 
 from __future__ import annotations
@@ -60,6 +61,27 @@ def prepare(work: Path) -> tuple[str, str]:
     run_dir.create()
     run_dir.ensure_manifest(plan.manifest_bytes(inputs["valid"]))
     return tiny_model_dir(work, "span"), run_dir.manifest_uri
+
+
+def memory() -> None:
+    """Start a forkserver and one forked worker (idle, waiting for its run) in this process; print their memory."""
+    os.environ.update(PREFECT_GLINER2_WORKER_START="forkserver", PREFECT_GLINER2_SPARE_WORKER="off")
+    from prefect_gliner2.runtime.forkserver import server_pids, start_worker_process
+    from prefect_gliner2.runtime.spawn import reap
+
+    process, conn = start_worker_process("bench-idle")
+    worker = process.pid
+    time.sleep(1.0)
+    for name, pid in (("forkserver", server_pids()[-1]), ("idle forked worker", worker)):
+        fields = {}
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            key, value = line.split()[:2]
+            fields[key.rstrip(":")] = int(value) / 1024
+        shared = fields["Shared_Clean"] + fields["Shared_Dirty"]
+        resident, proportional = fields["Rss"], fields["Pss"]
+        print(f"{name:<19} resident {resident:4.0f} MB, proportional {proportional:4.0f} MB, shared {shared:4.0f} MB")
+    conn.close()
+    reap(process, 10)
 
 
 def one(mode: str, model: str, manifest: str, workers: int) -> dict[str, float]:
@@ -114,6 +136,7 @@ def main() -> None:
         for k in ("first", "later", "wall", "cpu")
     }
     print("forkserver / spawn (median of the rounds' ratios): " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
+    memory()
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def start_worker_process(name: str) -> tuple[Any, Any]:
 def forked_workers() -> list[tuple[str, int | None]]:
     """(name, pid) of every forked worker of this process that has not exited (pid None: not forked yet)."""
     with _LOCK:
-        servers = list(_SERVERS)
+        servers = [s for s in _SERVERS if s.pid_owner == os.getpid()]
     return [(p.name, p.pid_if_known) for server in servers for p in server.live()]
 
 

@@ -23,9 +23,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MESSAGE_BYTES", "server_main", "stdio_to_hand_over"]
+__all__ = ["MESSAGE_BYTES", "SERVER_COMM", "WORKER_COMM", "server_main", "stdio_to_hand_over"]
 
 MESSAGE_BYTES = 1 << 20
+#: The names ``ps`` and ``top`` show (Linux ``/proc/PID/comm``, 15 characters at most): the command line of both is
+#: multiprocessing's spawn entry point, the server's, which a forked worker keeps.
+SERVER_COMM = "gliner2-forksrv"
+WORKER_COMM = "gliner2-worker"
 
 
 def server_main(sock: socket.socket, parent_pid: int) -> None:
@@ -33,6 +37,7 @@ def server_main(sock: socket.socket, parent_pid: int) -> None:
     from prefect_gliner2.runtime import worker_child
 
     worker_child.leave_process_group()
+    _name_process(SERVER_COMM)
     worker_child.die_with_parent(parent_pid, watchdog=False)
     worker_child.quiet_logging()
     why = _preload()
@@ -139,6 +144,7 @@ def _become_worker(
         os.environ.clear()
         os.environ.update(request["environ"])
         multiprocessing.current_process().name = request["name"]
+        _name_process(WORKER_COMM)
         worker_main(multiprocessing.connection.Connection(conn_fd), server_pid)
         code = 0
     except SystemExit as exc:
@@ -183,3 +189,8 @@ def stdio_to_hand_over() -> Iterator[tuple[int, int]]:
     finally:
         for fd in opened:
             os.close(fd)
+
+
+def _name_process(name: str) -> None:
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as handle:
+        handle.write(name)
