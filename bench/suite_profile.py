@@ -31,9 +31,10 @@ import pytest
 
 TICK = os.sysconf("SC_CLK_TCK")
 INTERVAL = 0.2
+SPAWNED = "multiprocessing spawn child (session worker, scoring or ONNX child)"
 KINDS = (  # (a word of the command line, the kind), first match wins
     ("exec(eval(sys.stdin.readline()))", "pytest-xdist worker (the tests' own code)"),
-    ("spawn_main", "multiprocessing spawn child (session worker, scoring or ONNX child)"),
+    ("spawn_main", SPAWNED),
     ("support.forkserver", "fork server and its children"),
     ("support.flow_child", "flow child"),
     ("support.session_child", "session child"),
@@ -76,6 +77,8 @@ class Sampler:
             self.last = now
             for pid in family:
                 seen, kind = self.known.get(pid) or (0.0, _kind(pid))
+                if kind == SPAWNED:  # a forkserver names itself once its code runs: look again
+                    kind = _kind(pid)
                 if pid not in self.known:
                     stats["started"][kind] += 1
                 stats["cpu"][kind] += max(0.0, table[pid][1] - seen)
